@@ -1,0 +1,32 @@
+# crosscloud: `make demo` runs a cross-cloud training job; `make test` runs the test suite.
+VENV ?= .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed-stamp
+ENV := source scripts/env.sh &&
+SHELL := /bin/bash
+
+.PHONY: install demo test airflow-ui mlflow-ui clean
+
+$(STAMP): requirements.txt requirements-dev.txt constraints.txt pyproject.toml
+	python3 -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -r requirements-dev.txt -c constraints.txt
+	$(PY) -m pip install -q --no-deps -e .
+	touch $(STAMP)
+
+install: $(STAMP)
+
+demo: install
+	bash scripts/demo.sh
+
+test: install
+	$(ENV) $(VENV)/bin/pytest $(ARGS)
+
+airflow-ui: install
+	$(ENV) mkdir -p $$AIRFLOW_HOME && $(VENV)/bin/airflow standalone
+
+mlflow-ui: install
+	$(ENV) $(VENV)/bin/mlflow ui --backend-store-uri $$MLFLOW_TRACKING_URI --default-artifact-root $$CROSSCLOUD_MLFLOW_ARTIFACTS --port 5000
+
+clean:
+	rm -rf .state

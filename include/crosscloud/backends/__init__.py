@@ -1,0 +1,25 @@
+"""Access methods: how a sub-task is started, watched and stopped on a cloud.
+
+Each method is one module with one ``Backend`` class, registered here by the
+name a federation file uses under ``access.method``.
+"""
+
+from __future__ import annotations
+
+from crosscloud.backends.base import Backend, Handle, SubTaskError, SubTaskSpec
+from crosscloud.backends.local import LocalBackend
+
+BACKENDS: dict[str, type[Backend]] = {"local": LocalBackend}
+
+
+def get_backend(method: str) -> Backend:
+    try:
+        return BACKENDS[method]()
+    except KeyError:
+        raise SubTaskError(
+            f"no engine backend for access method {method!r}; available here: {sorted(BACKENDS)} "
+            "(other methods are started by their Airflow operator)"
+        ) from None
+
+
+__all__ = ["BACKENDS", "Backend", "Handle", "SubTaskError", "SubTaskSpec", "get_backend"]

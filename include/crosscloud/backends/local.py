@@ -1,0 +1,134 @@
+"""The local access method: a sub-task is a process tree on this machine.
+
+The process runs in its own session, so it outlives the Airflow task that
+started it (dispatch must not wait for training) and can be stopped as a whole
+group. Its output goes to a log file beside a handle file, so that any later
+task - the coordinator, a UI, a kill callback - can find, read and stop it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+
+from crosscloud.backends.base import Backend, Handle, SubTaskError, SubTaskSpec
+from crosscloud.storage import state_dir
+
+
+def _subtasks_root() -> Path:
+    return state_dir() / "subtasks"
+
+
+class LocalBackend(Backend):
+    name = "local"
+
+    def _command(self, spec: SubTaskSpec) -> list[str]:
+        if spec.devices > 1:  # one process per device, ordinary data parallelism inside the cloud
+            launcher = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={spec.devices}"]
+            return [*launcher, "-m", spec.module, *spec.args]
+        return [sys.executable, "-m", spec.module, *spec.args]
+
+    def find(self, tenant: str, run_id: str, cloud: str) -> Handle | None:
+        handle_file = _subtasks_root() / tenant / run_id / cloud / "handle.json"
+        return json.loads(handle_file.read_text()) if handle_file.exists() else None
+
+    def start(self, spec: SubTaskSpec) -> Handle:
+        folder = _subtasks_root() / spec.tenant / spec.run_id / spec.cloud
+        folder.mkdir(parents=True, exist_ok=True)
+        handle = self.find(spec.tenant, spec.run_id, spec.cloud)
+        if handle is not None and self.state(handle) == "running":
+            return handle  # a retried dispatch must not start a second copy
+        log, rc = folder / "subtask.log", folder / "rc"
+        rc.unlink(missing_ok=True)
+        command = self._command(spec)
+        env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1", **spec.env}
+        script = f'"$@" >> {shlex.quote(str(log))} 2>&1; echo $? > {shlex.quote(str(rc))}.tmp; mv {shlex.quote(str(rc))}.tmp {shlex.quote(str(rc))}'
+        try:
+            proc = subprocess.Popen(
+                ["bash", "-c", script, "crosscloud-subtask", *command],
+                env=env,
+                start_new_session=True,
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+            )
+        except OSError as exc:
+            raise SubTaskError(f"cloud {spec.cloud}: cannot start sub-task {command[:3]}: {exc}") from exc
+        handle = {
+            "backend": self.name,
+            "cloud": spec.cloud,
+            "tenant": spec.tenant,
+            "run_id": spec.run_id,
+            "pid": proc.pid,
+            "create_time": psutil.Process(proc.pid).create_time(),
+            "accelerator": spec.accelerator,
+            "devices": spec.devices,
+            "log": str(log),
+            "rc": str(rc),
+            "command": command,
+            "started_at": time.time(),
+        }
+        (folder / "handle.json").write_text(json.dumps(handle, indent=2))
+        return handle
+
+    def _process(self, handle: Handle) -> psutil.Process | None:
+        try:
+            proc = psutil.Process(handle["pid"])
+            if abs(proc.create_time() - handle["create_time"]) > 1 or proc.status() == psutil.STATUS_ZOMBIE:
+                return None
+            return proc
+        except psutil.NoSuchProcess:
+            return None
+
+    def state(self, handle: Handle) -> str:
+        rc = Path(handle["rc"])
+        if rc.exists():
+            return "succeeded" if rc.read_text().strip() == "0" else "failed"
+        return "running" if self._process(handle) else "lost"
+
+    def exit_code(self, handle: Handle) -> int | None:
+        rc = Path(handle["rc"])
+        return int(rc.read_text().strip()) if rc.exists() else None
+
+    def logs(self, handle: Handle, offset: int = 0) -> tuple[str, int]:
+        try:
+            with open(handle["log"], "rb") as fh:
+                fh.seek(offset)
+                data = fh.read()
+        except FileNotFoundError:
+            return "", offset
+        # hand out whole lines only, so a line is never split between two reads
+        cut = data.rfind(b"\n") + 1
+        return data[:cut].decode(errors="replace"), offset + cut
+
+    def stop(self, handle: Handle, grace_s: float = 5.0) -> None:
+        if self._process(handle) is None:
+            return
+        pgid = handle["pid"]  # start_new_session: the pid is the group id
+        for sig, wait in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 2.0)):
+            try:
+                os.killpg(pgid, sig)
+            except ProcessLookupError:
+                return
+            deadline = time.time() + wait
+            while time.time() < deadline:
+                if self._process(handle) is None:
+                    return
+                time.sleep(0.1)
+
+    def used_devices(self) -> dict[str, dict[str, int]]:
+        used: dict[str, dict[str, int]] = {}
+        for handle_file in _subtasks_root().glob("*/*/*/handle.json"):
+            handle = json.loads(handle_file.read_text())
+            if self.state(handle) == "running":
+                per_cloud = used.setdefault(handle["cloud"], {})
+                per_cloud[handle["accelerator"]] = per_cloud.get(handle["accelerator"], 0) + handle["devices"]
+        return used

@@ -1,0 +1,96 @@
+"""The ``crosscloud`` command line: read what runs left in the local cloud's store."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from crosscloud.federation import load_federation
+from crosscloud.storage import open_store
+
+
+def _summaries(store, tenant: str) -> list[dict]:
+    found = []
+    for key in store.list(f"{tenant}/runs"):
+        if key.endswith("/summary.json"):
+            found.append(json.loads(store.get(key)))
+    return found
+
+
+def latest_summary(tenant: str, run_id: str | None = None, federation: str | None = None) -> dict:
+    """The summary of ``run_id``, or of the newest cross-cloud run of ``tenant``."""
+    store = open_store(load_federation(federation).local_cloud)
+    summaries = [s for s in _summaries(store, tenant) if (s["run_id"] == run_id if run_id else s["mode"] == "cross_cloud")]
+    if not summaries:
+        raise SystemExit(f"no finished run{' ' + run_id if run_id else ''} for tenant {tenant} in {store!r}")
+    return max(summaries, key=lambda s: s["history"][-1]["published_at"])
+
+
+def format_summary(s: dict) -> str:
+    m = s["metrics"]
+    lines = [
+        f"run {s['run_id']} (tenant {s['tenant']}, {s['mode']}): {s['rounds']} rounds x {s['inner_steps']} inner steps",
+        f"{'cloud':<12}{'share':>7}{'devices':>9}{'ms/step':>10}{'compute s':>11}{'comm s':>9}{'wait s':>9}",
+    ]
+    for name, c in s["clouds"].items():
+        lines.append(
+            f"{name:<12}{c['share']:>7}{c['devices']:>9}{1000 * c['mean_iteration_time_s']:>10.1f}"
+            f"{c['compute_s']:>11.2f}{c['comm_s']:>9.2f}{c['wait_s']:>9.2f}"
+        )
+    lines.append(f"eval loss: {m['eval_loss_start']:.4f} at start -> {m['final_eval_loss']:.4f} at end")
+    lines.append(f"iteration time (job, per inner step): {1000 * m['iteration_time_s']:.1f} ms")
+    if s.get("baseline"):
+        b = s["baseline"]
+        lines.append(
+            f"single-cluster baseline ({b['source']}, run {b['run_id']}): {1000 * b['iteration_time_s']:.1f} ms"
+            f" -> iteration-time gap {m['iteration_time_gap_pct']:+.1f}%"
+        )
+    lines.append(f"cost {m['cost']:.4f}, energy {m['energy_kwh']:.5f} kWh over {m['train_wall_s']:.1f} s of training")
+    return "\n".join(lines)
+
+
+def demo_line(s: dict) -> str:
+    m = s["metrics"]
+    gap = m["iteration_time_gap_pct"]
+    return (
+        f"clouds={len(s['clouds'])} rounds={s['rounds']} eval_loss_start={m['eval_loss_start']:.4f} "
+        f"eval_loss_end={m['final_eval_loss']:.4f} iteration_time_gap_pct={'nan' if gap is None else f'{gap:.2f}'}"
+    )
+
+
+WHERE_TO_LOOK = """
+where to look (same state folder):
+  make airflow-ui   # airflow standalone on http://localhost:8080: DAG cross_cloud_training, task logs, trigger form
+  make mlflow-ui    # mlflow ui on http://localhost:5000: experiment cross_cloud_training, parent and per-cloud runs
+"""
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="crosscloud", description="crosscloud: training across sovereign clouds")
+    sub = parser.add_subparsers(dest="command", required=True)
+    p = sub.add_parser("summary", help="summary of a finished run (default: the tenant's newest cross-cloud run)")
+    p.add_argument("--tenant", default="team-a")
+    p.add_argument("--run-id")
+    p.add_argument("--federation")
+    p.add_argument("--json", action="store_true", help="print the whole summary as JSON")
+    p.add_argument("--demo", action="store_true", help="end with the demo's machine-readable line and check it")
+    p.add_argument("--min-loss-drop", type=float, default=0.3, help="with --demo: required relative eval-loss drop")
+    args = parser.parse_args(argv)
+    s = latest_summary(args.tenant, args.run_id, args.federation)
+    if args.json:
+        print(json.dumps(s, indent=2))
+        return 0
+    print(format_summary(s))
+    if args.demo:
+        m = s["metrics"]
+        drop = 1 - m["final_eval_loss"] / m["eval_loss_start"]
+        ok = drop >= args.min_loss_drop and m["iteration_time_gap_pct"] is not None
+        print(WHERE_TO_LOOK)
+        print(f"demo {'ok' if ok else 'failed'} {demo_line(s)}")
+        return 0 if ok else 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,87 @@
+"""The commit protocol: a step's objects are trusted only through its COMMIT.json.
+
+Writers put every object of a step first and COMMIT.json last; the commit names
+each object with its key, size and sha256. Readers verify all of them, so an
+uncommitted, truncated or corrupted object is never used. Writing the same step
+twice with the same content is harmless, which keeps task retries safe.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+
+from crosscloud.storage import ObjectNotFound, ObjectStore, StoreError
+
+COMMIT = "COMMIT.json"
+
+
+class IntegrityError(StoreError):
+    """An object that does not match what its commit promised."""
+
+
+def sha256(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def put_object(store: ObjectStore, key: str, data: bytes) -> dict:
+    """Write one object and return its commit entry."""
+    store.put(key, data)
+    return {"key": key, "size": len(data), "sha256": sha256(data)}
+
+
+def write_step(
+    store: ObjectStore,
+    step: str,
+    objects: dict[str, bytes],
+    refs: dict[str, dict] | None = None,
+    meta: dict | None = None,
+) -> dict:
+    """Write ``objects`` under ``step`` and then the commit that vouches for them.
+
+    ``refs`` names objects already stored elsewhere in this store (for example a
+    content-addressed blob) as ``{name: {"key", "size", "sha256"}}``.
+    """
+    entries = dict(refs or {})
+    for name, data in objects.items():
+        entries[name] = put_object(store, f"{step}/{name}", data)
+    commit = {"objects": entries, "meta": meta or {}}
+    store.put(f"{step}/{COMMIT}", json.dumps(commit, sort_keys=True).encode())
+    return commit
+
+
+def read_commit(store: ObjectStore, step: str) -> dict | None:
+    """The step's commit, or None while it is not committed."""
+    try:
+        raw = store.get(f"{step}/{COMMIT}")
+    except ObjectNotFound:
+        return None
+    try:
+        commit = json.loads(raw)
+        commit["objects"]
+    except (ValueError, KeyError, TypeError) as exc:
+        raise IntegrityError(f"cloud {store.cloud}: unreadable commit {step}/{COMMIT}: {exc}") from None
+    return commit
+
+
+def read_object(store: ObjectStore, commit: dict, name: str) -> bytes:
+    """Read one committed object and verify its size and sha256."""
+    try:
+        entry = commit["objects"][name]
+    except KeyError:
+        raise IntegrityError(f"cloud {store.cloud}: commit does not list {name!r}") from None
+    data = store.get(entry["key"])
+    if len(data) != entry["size"] or sha256(data) != entry["sha256"]:
+        raise IntegrityError(
+            f"cloud {store.cloud}: {entry['key']} does not match its commit "
+            f"(size {len(data)} vs {entry['size']}, sha256 {sha256(data)[:12]} vs {entry['sha256'][:12]})"
+        )
+    return data
+
+
+def read_step(store: ObjectStore, step: str) -> tuple[dict, dict[str, bytes]] | None:
+    """All objects of a committed step, verified; None while it is not committed."""
+    commit = read_commit(store, step)
+    if commit is None:
+        return None
+    return commit, {name: read_object(store, commit, name) for name in commit["objects"]}

@@ -1,0 +1,75 @@
+"""What a user asks for when they trigger a training run: the job spec.
+
+The DAG's Params map one to one onto these fields; everything is checked here,
+before anything starts, with a message that names the field and the fix.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Literal
+
+from crosscloud.model import PRESETS
+from crosscloud.names import validate_name
+
+MODES = ("cross_cloud", "single_cluster")
+
+
+class JobSpecError(ValueError):
+    """A job parameter that is out of range or inconsistent."""
+
+
+@dataclass(frozen=True)
+class JobSpec:
+    tenant: str = "team-a"
+    clouds: list[str] = field(default_factory=list)  # empty: every active cloud the tenant may use
+    rounds: int = 8
+    inner_steps: int = 25
+    model_size: str = "small"
+    global_batch: int = 24
+    devices_per_cloud: int = 1
+    dataset: str = "python-stdlib"
+    seed: int = 0
+    mode: Literal["cross_cloud", "single_cluster"] = "cross_cloud"
+    inner_lr: float = 3e-3
+    outer_lr: float = 0.7
+    outer_momentum: float = 0.9
+    round_timeout_s: float = 600.0
+
+    def __post_init__(self) -> None:
+        checks = [
+            (self.rounds > 0, "rounds", f"must be > 0, got {self.rounds}"),
+            (self.inner_steps > 0, "inner_steps", f"must be > 0, got {self.inner_steps}"),
+            (self.global_batch > 0, "global_batch", f"must be > 0, got {self.global_batch}"),
+            (self.devices_per_cloud > 0, "devices_per_cloud", f"must be > 0, got {self.devices_per_cloud}"),
+            (self.model_size in PRESETS, "model_size", f"{self.model_size!r} is unknown; choose one of {sorted(PRESETS)}"),
+            (self.mode in MODES, "mode", f"{self.mode!r} is unknown; choose one of {list(MODES)}"),
+            (self.inner_lr > 0, "inner_lr", f"must be > 0, got {self.inner_lr}"),
+            (self.outer_lr > 0, "outer_lr", f"must be > 0, got {self.outer_lr}"),
+            (0 <= self.outer_momentum < 1, "outer_momentum", f"must be in [0, 1), got {self.outer_momentum}"),
+            (self.round_timeout_s > 0, "round_timeout_s", f"must be > 0, got {self.round_timeout_s}"),
+            (len(set(self.clouds)) == len(self.clouds), "clouds", f"lists a cloud twice: {self.clouds}"),
+        ]
+        for ok, name, message in checks:
+            if not ok:
+                raise JobSpecError(f"job parameter {name}: {message}")
+        try:
+            validate_name(self.tenant, "tenant")
+        except ValueError as exc:
+            raise JobSpecError(f"job parameter tenant: {exc}") from None
+
+    @classmethod
+    def from_params(cls, params: dict) -> JobSpec:
+        """Build from a DAG run's params, ignoring keys that are not job fields."""
+        known = cls.__dataclass_fields__
+        unknown = sorted(set(params) - set(known))
+        values = {k: v for k, v in params.items() if k in known}
+        if unknown:
+            raise JobSpecError(f"unknown job parameter(s) {unknown}; known: {sorted(known)}")
+        try:
+            return cls(**values)
+        except TypeError as exc:
+            raise JobSpecError(f"job parameters: {exc}") from None
+
+    def to_dict(self) -> dict:
+        return asdict(self)

@@ -1,0 +1,52 @@
+"""The outer step of a round (DiLoCo): combine pseudo-gradients, apply Nesterov SGD.
+
+A pseudo-gradient is ``global params at round start - local params at round
+end``. Clouds' pseudo-gradients are averaged weighted by the samples each
+trained on, then one SGD step with Nesterov momentum moves the global params.
+With ``lr=1, momentum=0`` the step simply adopts the averaged local params,
+which is what a single cluster's synchronous run does.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(frozen=True)
+class OuterConfig:
+    lr: float = 0.7
+    momentum: float = 0.9
+
+    def to_dict(self) -> dict:
+        return {"lr": self.lr, "momentum": self.momentum}
+
+
+SYNCHRONOUS = OuterConfig(lr=1.0, momentum=0.0)
+
+
+def weighted_mean(deltas: dict[str, dict[str, torch.Tensor]], weights: dict[str, float]) -> dict[str, torch.Tensor]:
+    """Average each tensor over clouds, weighted by ``weights`` (e.g. samples trained)."""
+    if not deltas:
+        raise ValueError("no pseudo-gradients to combine")
+    total = sum(weights[c] for c in deltas)
+    names = next(iter(deltas.values())).keys()
+    return {n: sum(deltas[c][n].float() * (weights[c] / total) for c in deltas) for n in names}
+
+
+def outer_step(
+    params: dict[str, torch.Tensor],
+    delta: dict[str, torch.Tensor],
+    momentum: dict[str, torch.Tensor] | None,
+    cfg: OuterConfig,
+) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
+    """One Nesterov SGD step on ``params`` with gradient ``delta``; returns (params, momentum)."""
+    new_params, new_momentum = {}, {}
+    for name, p in params.items():
+        g = delta[name].to(p.dtype)
+        buf = g.clone() if momentum is None else cfg.momentum * momentum[name] + g
+        step = g + cfg.momentum * buf
+        new_params[name] = p - cfg.lr * step
+        new_momentum[name] = buf
+    return new_params, new_momentum

@@ -1,0 +1,129 @@
+"""Split one job over clouds: which clouds, how much of the global batch, which shards.
+
+Each chosen cloud gets a share of the global batch proportional to its
+effective throughput (devices x relative speed for the model family), so that
+all clouds finish an inner step - and so a round - at the same time. Data
+shards follow the shares but never leave a jurisdiction their dataset is
+resident in.
+"""
+
+from __future__ import annotations
+
+from crosscloud.federation import AcceleratorPool, Cloud, Federation
+from crosscloud.job import JobSpec
+from crosscloud.plan import Candidate, CloudAssignment
+
+
+class PlacementError(ValueError):
+    """No valid placement; the message lists every candidate and why it was refused."""
+
+
+def apportion(total: int, weights: list[float]) -> list[int]:
+    """Split ``total`` into integers proportional to ``weights``, each at least 1 (largest remainder)."""
+    if total < len(weights):
+        raise PlacementError(f"global_batch {total} is smaller than the {len(weights)} clouds chosen; raise global_batch")
+    spare = total - len(weights)
+    exact = [spare * w / sum(weights) for w in weights]
+    parts = [int(x) for x in exact]
+    by_remainder = sorted(range(len(weights)), key=lambda i: exact[i] - parts[i], reverse=True)
+    for i in by_remainder[: spare - sum(parts)]:
+        parts[i] += 1
+    return [p + 1 for p in parts]
+
+
+def _best_pool(fed: Federation, cloud: Cloud, family: str, free: dict[str, int]) -> tuple[AcceleratorPool | None, str]:
+    """The fastest pool with an adapted image and free devices, or the reason there is none."""
+    usable = [p for p in cloud.pools if fed.image_for(p.accelerator, family)]
+    if not usable:
+        return None, f"no adapted image for model family {family!r} on {[p.accelerator for p in cloud.pools]}"
+    usable = [p for p in usable if free.get(p.accelerator, p.count) > 0]
+    if not usable:
+        return None, "no free devices in any pool with an adapted image"
+    return max(usable, key=lambda p: p.throughput_for(family)), ""
+
+
+def choose_clouds(
+    fed: Federation, spec: JobSpec, family: str, free: dict[str, dict[str, int]]
+) -> tuple[list[CloudAssignment], list[Candidate]]:
+    """Apply the hard constraints to every cloud; returns the chosen ones (share and shards unset)."""
+    tenant = fed.tenant(spec.tenant)
+    for name in spec.clouds:
+        fed.cloud(name)  # unknown names fail here, with the list of known clouds
+    if spec.mode == "single_cluster":
+        if len(spec.clouds) > 1:
+            raise PlacementError(f"job parameter clouds: single_cluster mode runs on one cloud, got {spec.clouds}")
+        wanted = spec.clouds or [fed.local_cloud.name]
+    else:
+        wanted = spec.clouds or [c.name for c in fed.clouds]
+    chosen, candidates = [], []
+    for cloud in fed.clouds:
+        if cloud.name not in wanted:
+            candidates.append(Candidate(cloud=cloud.name, chosen=False, reason="not among the clouds asked for"))
+            continue
+        if cloud.state == "draining":
+            candidates.append(Candidate(cloud=cloud.name, chosen=False, reason="draining: takes no new sub-tasks"))
+            continue
+        quota = tenant.quotas.get(cloud.name, 0)
+        if quota <= 0:
+            candidates.append(Candidate(cloud=cloud.name, chosen=False, reason=f"tenant {tenant.name} has no quota here"))
+            continue
+        pool, why = _best_pool(fed, cloud, family, free.get(cloud.name, {}))
+        if pool is None:
+            candidates.append(Candidate(cloud=cloud.name, chosen=False, reason=why))
+            continue
+        devices = min(spec.devices_per_cloud, quota, free.get(cloud.name, {}).get(pool.accelerator, pool.count))
+        throughput = devices * pool.throughput_for(family)
+        chosen.append(
+            CloudAssignment(
+                name=cloud.name,
+                role=cloud.role,
+                method=cloud.access.method,
+                accelerator=pool.accelerator,
+                devices=devices,
+                throughput=throughput,
+                share=0,
+                shards=[],
+                image=fed.image_for(pool.accelerator, family) or "",
+            )
+        )
+        candidates.append(
+            Candidate(
+                cloud=cloud.name,
+                chosen=True,
+                reason=f"{devices} x {pool.accelerator} (quota {quota}), effective throughput {throughput:g}",
+            )
+        )
+    if not chosen:
+        details = "; ".join(f"{c.cloud}: {c.reason}" for c in candidates)
+        raise PlacementError(f"no cloud can run this job for tenant {spec.tenant}: {details}")
+    return chosen, candidates
+
+
+def assign_shards(fed: Federation, dataset: str, n_shards: int, clouds: list[CloudAssignment]) -> dict[str, list[int]]:
+    """Give every cloud shards in proportion to its share, within the dataset's residency."""
+    ds = fed.dataset(dataset)
+    eligible = [c for c in clouds if ds.residency is None or fed.cloud(c.name).jurisdiction == ds.residency]
+    blocked = [c.name for c in clouds if c not in eligible]
+    if blocked:
+        raise PlacementError(
+            f"dataset {ds.name} is resident in {ds.residency} and may not be sent to {blocked}; "
+            f"choose clouds in {ds.residency} (job parameter clouds)"
+        )
+    if n_shards < len(eligible):
+        raise PlacementError(f"dataset {ds.name} has {n_shards} shards for {len(eligible)} clouds; raise its shards")
+    assigned: dict[str, list[int]] = {c.name: [] for c in eligible}
+    share = {c.name: c.share for c in eligible}
+    for shard in range(n_shards):
+        # the cloud furthest below its fair part of the data takes the next shard
+        name = min(assigned, key=lambda n: (len(assigned[n]) / share[n], n))
+        assigned[name].append(shard)
+    return assigned
+
+
+def partition(fed: Federation, spec: JobSpec, family: str, free: dict[str, dict[str, int]], n_shards: int):
+    """Choose clouds, give them shares of the global batch and data shards."""
+    chosen, candidates = choose_clouds(fed, spec, family, free)
+    shares = apportion(spec.global_batch, [c.throughput for c in chosen])
+    chosen = [c.model_copy(update={"share": s}) for c, s in zip(chosen, shares)]
+    shards = assign_shards(fed, spec.dataset, n_shards, chosen)
+    return [c.model_copy(update={"shards": shards[c.name]}) for c in chosen], candidates

@@ -1,0 +1,303 @@
+"""The stages of one cross-cloud training run, as plain functions.
+
+The DAG ``cross_cloud_training`` calls each stage from its own task; benchmarks
+and the baseline calibration call ``run_job``, which runs the same stages in
+one process. A stage finds everything by ``RunRef`` (federation, tenant, run
+id): the plan in the coordinator's store is the single source of truth.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from crosscloud import baseline
+from crosscloud.backends import Handle, SubTaskSpec, get_backend
+from crosscloud.commit import read_commit, write_step
+from crosscloud.coordinator import Coordinator, load_global, load_history
+from crosscloud.corpus import build_corpus
+from crosscloud.federation import Federation, load_federation
+from crosscloud.federation import federation_path as resolve_federation_path
+from crosscloud.job import JobSpec
+from crosscloud.model import ModelConfig, build_model, evaluate, preset
+from crosscloud.names import blob_key, validate_name
+from crosscloud.partition import PlacementError, partition
+from crosscloud.plan import BlobRef, Plan
+from crosscloud.preheat import TransferReport, copy_blob, put_blob, read_blob
+from crosscloud.storage import open_store
+from crosscloud.tensors import to_bytes
+
+Log = Callable[[str], None]
+
+
+@dataclass(frozen=True)
+class RunRef:
+    """How every stage finds a run: small enough to pass through XCom."""
+
+    federation_path: str
+    tenant: str
+    run_id: str
+
+    def to_dict(self) -> dict:
+        return {"federation_path": self.federation_path, "tenant": self.tenant, "run_id": self.run_id}
+
+    def load(self) -> tuple[Federation, Plan]:
+        fed = load_federation(self.federation_path)
+        return fed, Plan.load(open_store(fed.local_cloud), self.tenant, self.run_id)
+
+
+def free_devices(fed: Federation) -> dict[str, dict[str, int]]:
+    """Free devices per cloud and accelerator: the federation's pools minus running sub-tasks."""
+    used: dict[str, dict[str, int]] = {}
+    for method in {c.access.method for c in fed.clouds}:
+        try:
+            used.update(get_backend(method).used_devices())
+        except Exception:  # a method without an engine backend reports nothing here
+            continue
+    return {
+        c.name: {p.accelerator: p.count - used.get(c.name, {}).get(p.accelerator, 0) for p in c.pools}
+        for c in fed.clouds
+    }
+
+
+def _materialize_inputs(fed: Federation, spec: JobSpec, cfg: ModelConfig):
+    """Put the dataset shards on the dataset's home cloud and the initial model on the local cloud."""
+    ds = fed.dataset(spec.dataset)
+    shards, held_out = build_corpus(ds.shards, spec.seed)
+    data_home = open_store(fed.cloud(ds.home))
+    shard_refs = [put_blob(data_home, spec.tenant, s)[0] for s in shards]
+    home = open_store(fed.local_cloud)
+    held_ref, _ = put_blob(home, spec.tenant, held_out)
+    init = build_model(cfg, spec.seed).state_dict()
+    init_ref, _ = put_blob(home, spec.tenant, to_bytes(init))
+    return shard_refs, held_ref, init_ref
+
+
+def partition_stage(
+    spec: JobSpec,
+    run_id: str,
+    federation_path: str | None = None,
+    experiment: str | None = None,
+    tags: dict[str, str] | None = None,
+) -> RunRef:
+    """Choose clouds, shares and shards; write the plan; open the MLflow runs."""
+    validate_name(run_id, "run id")
+    federation_path = str(resolve_federation_path(federation_path))
+    fed = load_federation(federation_path)
+    cfg = preset(spec.model_size)
+    clouds, candidates = partition(fed, spec, cfg.family, free_devices(fed), fed.dataset(spec.dataset).shards)
+    ds = fed.dataset(spec.dataset)
+    if ds.residency and fed.local_cloud.jurisdiction != ds.residency:
+        raise PlacementError(f"dataset {ds.name} is resident in {ds.residency}; its held-out part cannot be evaluated on {fed.local_cloud.name}")
+    shard_refs, held_ref, init_ref = _materialize_inputs(fed, spec, cfg)
+    plan = Plan(
+        tenant=spec.tenant,
+        run_id=run_id,
+        federation=fed.name,
+        federation_path=federation_path,
+        job=spec.to_dict(),
+        model=cfg.to_dict(),
+        outer={"lr": spec.outer_lr, "momentum": spec.outer_momentum},
+        coordinator_cloud=fed.local_cloud.name,
+        clouds=clouds,
+        candidates=candidates,
+        dataset=spec.dataset,
+        shards=shard_refs,
+        held_out=held_ref,
+        init=init_ref,
+    )
+    if experiment:
+        from crosscloud.tracking import Tracker
+
+        plan.tracking = Tracker().start_job(plan, experiment, tags or {})
+    plan.save(open_store(fed.local_cloud))
+    return RunRef(federation_path, spec.tenant, run_id)
+
+
+def preheat_stage(ref: RunRef) -> dict:
+    """Make every chosen cloud hold its plan, shards and the initial checkpoint (round 0)."""
+    fed, plan = ref.load()
+    report = TransferReport()
+    home = open_store(fed.local_cloud)
+    data_home = open_store(fed.cloud(fed.dataset(plan.dataset).home))
+    for cloud in plan.clouds:
+        store = open_store(fed.cloud(cloud.name))
+        for i in cloud.shards:
+            copy_blob(data_home, store, plan.tenant, plan.shards[i], report)
+        copy_blob(home, store, plan.tenant, plan.init, report)
+        plan.save(store)
+    round0 = plan.keys.global_step(0)
+    init_entry = {"key": blob_key(plan.tenant, plan.init.sha256), "size": plan.init.size, "sha256": plan.init.sha256}
+    stores = [open_store(fed.cloud(c.name)) for c in plan.clouds if c.name != fed.local_cloud.name] + [home]
+    for store in stores:  # the coordinator's own store last: its commit marks the round published
+        if read_commit(store, round0) is None:
+            write_step(store, round0, {}, refs={"params.safetensors": init_entry}, meta={"round": -1, "published_at": time.time()})
+    result = report.to_dict()
+    home.put(f"{plan.keys.root}/preheat.json", json.dumps(result, indent=2).encode())
+    return result
+
+
+def subtask_spec(plan: Plan, cloud: str) -> SubTaskSpec:
+    """What the sub-task of ``cloud`` runs, whatever backend starts it."""
+    me = plan.cloud(cloud)
+    args = ["--tenant", plan.tenant, "--run-id", plan.run_id, "--cloud", cloud, "--federation", plan.federation_path]
+    return SubTaskSpec(
+        tenant=plan.tenant, run_id=plan.run_id, cloud=cloud, image=me.image, accelerator=me.accelerator,
+        devices=me.devices, args=args,
+    )
+
+
+def dispatch_stage(ref: RunRef, cloud: str) -> Handle:
+    """Start one cloud's sub-task and return at once with its handle."""
+    _, plan = ref.load()
+    return get_backend(plan.cloud(cloud).method).start(subtask_spec(plan, cloud))
+
+
+def run_handles(ref: RunRef) -> list[Handle]:
+    """Handles of every sub-task the run started, found through each cloud's backend."""
+    _, plan = ref.load()
+    found = (get_backend(c.method).find(plan.tenant, plan.run_id, c.name) for c in plan.clouds)
+    return [h for h in found if h is not None]
+
+
+def stop_run(ref: RunRef, handles: list[Handle]) -> None:
+    """Tell every sub-task to stop (a STOP marker in each store) and stop the ones still running."""
+    fed, plan = ref.load()
+    for cloud in plan.clouds:
+        open_store(fed.cloud(cloud.name)).put(plan.keys.stop, b"stopped by the coordinator\n")
+    for handle in handles:
+        get_backend(handle["backend"]).stop(handle)
+
+
+def sync_stage(ref: RunRef, handles: list[Handle], log: Log = print) -> list[dict]:
+    """Run the coordinator; on failure stop the sub-tasks so nothing trains on unattended."""
+    fed, plan = ref.load()
+    stores = {c.name: open_store(fed.cloud(c.name)) for c in plan.clouds}
+    tracker = None
+    if plan.tracking:
+        from crosscloud.tracking import Tracker
+
+        tracker = Tracker()
+    coordinator = Coordinator(plan, stores, handles, log=log, on_round=(lambda rec: tracker.log_round(plan, rec)) if tracker else None)
+    try:
+        return coordinator.run()
+    except BaseException:
+        stop_run(ref, handles)
+        raise
+
+
+def _wait_for_exit(handles: list[Handle], timeout_s: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    for handle in handles:
+        backend = get_backend(handle["backend"])
+        while backend.state(handle) == "running" and time.monotonic() < deadline:
+            time.sleep(0.1)
+        backend.stop(handle)
+
+
+def _baseline(plan: Plan, experiment: str | None, log: Log) -> dict:
+    """The matching single-cluster baseline from MLflow, or a short calibration run of it."""
+    key = baseline.baseline_key(plan)
+    if experiment:
+        from crosscloud.tracking import Tracker
+
+        found = Tracker().find_baseline(experiment, key)
+        if found:
+            log(f"baseline: MLflow run {found['run_id']} ({found['iteration_time_s'] * 1000:.1f} ms/step)")
+            return {"source": "mlflow", **found}
+    spec = baseline.calibration_spec(plan)
+    log(f"baseline: none recorded for key {key}; calibrating {spec.rounds} single-cluster rounds on {spec.clouds[0]}")
+    summary = run_job(spec, f"{plan.run_id}.baseline", plan.federation_path, experiment, log=log)
+    return {"source": "calibration", "run_id": summary["run_id"], "iteration_time_s": summary["metrics"]["iteration_time_s"],
+            "final_eval_loss": summary["metrics"]["final_eval_loss"]}
+
+
+def _cloud_summary(fed: Federation, plan: Plan, history: list[dict], train_s: float) -> dict:
+    clouds = {}
+    for c in plan.clouds:
+        pool = next(p for p in fed.cloud(c.name).pools if p.accelerator == c.accelerator)
+        rounds = [r["clouds"][c.name] for r in history]
+        steps = [s for r in rounds for s in r["step_s"]]
+        device_hours = c.devices * train_s / 3600
+        clouds[c.name] = {
+            "share": c.share,
+            "devices": c.devices,
+            "mean_iteration_time_s": sum(steps) / len(steps),
+            "compute_s": sum(r["compute_s"] for r in rounds),
+            "comm_s": sum(r["upload_s"] + r["download_s"] for r in rounds),
+            "wait_s": sum(r["wait_s"] for r in rounds),
+            "cost": device_hours * pool.price_per_device_hour,
+            "energy_kwh": device_hours * pool.power_w / 1000,
+        }
+    return clouds
+
+
+def aggregate_stage(ref: RunRef, handles: list[Handle], experiment: str | None = None, log: Log = print) -> dict:
+    """Final model and evaluation, whole-run metrics, the baseline gap; closes the MLflow runs."""
+    fed, plan = ref.load()
+    spec, home = plan.spec, open_store(fed.local_cloud)
+    _wait_for_exit(handles)
+    history = load_history(home, plan)
+    if len(history) != spec.rounds:
+        raise RuntimeError(f"run {plan.run_id}: {len(history)} of {spec.rounds} rounds committed; rerun sync_checkpoints")
+    params, _, _ = load_global(home, plan, spec.rounds)
+    write_step(home, plan.keys.final, {"model.safetensors": to_bytes(params)}, meta={"rounds": spec.rounds})
+    model = build_model(ModelConfig(**plan.model), spec.seed)
+    held_out = torch.frombuffer(bytearray(read_blob(home, plan.tenant, plan.held_out)), dtype=torch.uint8)
+    model.load_state_dict(load_global(home, plan, 0)[0])
+    eval_start = evaluate(model, held_out)
+    model.load_state_dict(params)
+    eval_end = evaluate(model, held_out)
+    it_s = baseline.iteration_time(history, spec.inner_steps)
+    train_s = sum(r["wall_s"] for r in history)
+    clouds = _cloud_summary(fed, plan, history, train_s)
+    base = _baseline(plan, experiment, log) if spec.mode == "cross_cloud" else None
+    summary = {
+        "run_id": plan.run_id,
+        "tenant": plan.tenant,
+        "mode": spec.mode,
+        "clouds": clouds,
+        "rounds": spec.rounds,
+        "inner_steps": spec.inner_steps,
+        "baseline": base,
+        "metrics": {
+            "eval_loss_start": eval_start,
+            "final_eval_loss": eval_end,
+            "iteration_time_s": it_s,
+            "baseline_iteration_time_s": base["iteration_time_s"] if base else None,
+            "iteration_time_gap_pct": baseline.gap_pct(it_s, base["iteration_time_s"]) if base else None,
+            "train_wall_s": train_s,
+            "cost": sum(c["cost"] for c in clouds.values()),
+            "energy_kwh": sum(c["energy_kwh"] for c in clouds.values()),
+        },
+        "history": [{k: v for k, v in r.items() if k != "clouds"} for r in history],
+    }
+    home.put(plan.keys.summary, json.dumps(summary, indent=2).encode())
+    if plan.tracking:
+        from crosscloud.tracking import Tracker
+
+        logs = {h["cloud"]: get_backend(h["backend"]).logs(h)[0] for h in handles}
+        Tracker().finish(plan, summary, logs)
+    return summary
+
+
+def run_job(spec: JobSpec, run_id: str, federation_path: str | None = None, experiment: str | None = None,
+            log: Log = print) -> dict:
+    """All stages in this process, through the engine backends: for benchmarks and calibration."""
+    ref = partition_stage(spec, run_id, federation_path, experiment, tags={"crosscloud.launcher": "engine"})
+    preheat_stage(ref)
+    _, plan = ref.load()
+    handles = [dispatch_stage(ref, c.name) for c in plan.clouds]
+    try:
+        sync_stage(ref, handles, log)
+    except BaseException:
+        if plan.tracking:
+            from crosscloud.tracking import Tracker
+
+            Tracker().fail(plan)
+        raise
+    return aggregate_stage(ref, handles, experiment, log)

@@ -1,0 +1,91 @@
+"""The plan of one run: written by ``partition``, read by every later stage.
+
+It is stored as ``<tenant>/runs/<run_id>/plan.json`` in the local cloud's store
+and travels between Airflow tasks by that key, never as a copy that can drift.
+"""
+
+from __future__ import annotations
+
+import json
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from crosscloud.commit import sha256
+from crosscloud.job import JobSpec
+from crosscloud.names import RunKeys
+from crosscloud.storage import ObjectStore
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class BlobRef(_Model):
+    sha256: str
+    size: int
+
+    @classmethod
+    def of(cls, data: bytes) -> BlobRef:
+        return cls(sha256=sha256(data), size=len(data))
+
+
+class CloudAssignment(_Model):
+    """One cloud's sub-task: where it runs, on what, and which part of the job."""
+
+    name: str
+    role: str
+    method: str
+    accelerator: str
+    devices: int
+    throughput: float = Field(description="effective throughput: devices x relative speed for the model family")
+    share: int = Field(description="sequences of the global batch this cloud trains per inner step")
+    shards: list[int]
+    image: str
+
+
+class Candidate(_Model):
+    """A cloud placement considered, and why it was taken or not."""
+
+    cloud: str
+    chosen: bool
+    reason: str
+
+
+class Plan(_Model):
+    version: int = 1
+    tenant: str
+    run_id: str
+    federation: str
+    federation_path: str
+    job: dict
+    model: dict
+    outer: dict
+    coordinator_cloud: str
+    clouds: list[CloudAssignment]
+    candidates: list[Candidate]
+    dataset: str
+    shards: list[BlobRef]
+    held_out: BlobRef
+    init: BlobRef
+    tracking: dict = Field(default_factory=dict)
+
+    @property
+    def keys(self) -> RunKeys:
+        return RunKeys(self.tenant, self.run_id)
+
+    @property
+    def spec(self) -> JobSpec:
+        return JobSpec(**self.job)
+
+    def cloud(self, name: str) -> CloudAssignment:
+        for c in self.clouds:
+            if c.name == name:
+                return c
+        raise KeyError(f"cloud {name!r} is not in the plan of run {self.run_id}; planned: {[c.name for c in self.clouds]}")
+
+    def save(self, store: ObjectStore) -> None:
+        store.put(self.keys.plan, self.model_dump_json(indent=2).encode())
+
+    @classmethod
+    def load(cls, store: ObjectStore, tenant: str, run_id: str) -> Plan:
+        return cls.model_validate(json.loads(store.get(RunKeys(tenant, run_id).plan)))

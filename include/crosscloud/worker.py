@@ -1,0 +1,139 @@
+"""The training worker: one cloud's sub-task of a cross-cloud run.
+
+Each round it waits for the committed global checkpoint in its own cloud's
+store, trains ``inner_steps`` AdamW steps on its own shards, and commits its
+pseudo-gradient (global - local) with the round's timings. It reads and writes
+nothing but its own cloud's store. Inside the cloud, several devices train with
+ordinary data parallelism (torch.distributed, launched by torchrun).
+
+Run as ``python -m crosscloud.worker --tenant T --run-id R --cloud C``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+import zlib
+
+import torch
+import torch.distributed as dist
+
+from crosscloud.commit import put_object, read_commit, read_object, write_step
+from crosscloud.federation import load_federation
+from crosscloud.model import ModelConfig, build_model, lm_loss
+from crosscloud.model import batches as sample_batches
+from crosscloud.partition import apportion
+from crosscloud.plan import Plan
+from crosscloud.preheat import read_blob
+from crosscloud.storage import ObjectStore, open_store
+from crosscloud.tensors import from_bytes, to_bytes
+
+POLL_S = 0.05
+
+
+class Stopped(RuntimeError):
+    """The run was stopped or abandoned; the worker exits without committing."""
+
+
+def wait_for_commit(store: ObjectStore, step: str, stop_key: str, timeout_s: float) -> dict:
+    """Poll until ``step`` is committed; give up when the run is stopped or stalls."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        commit = read_commit(store, step)
+        if commit is not None:
+            return commit
+        if store.exists(stop_key):
+            raise Stopped(f"run stopped while waiting for {step}")
+        if time.monotonic() > deadline:
+            raise Stopped(f"no commit of {step} within {timeout_s:.0f} s; the coordinator is gone or stalled")
+        time.sleep(POLL_S)
+
+
+def _distributed() -> tuple[int, int]:
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    if world > 1:
+        dist.init_process_group("gloo")
+        return dist.get_rank(), world
+    return 0, 1
+
+
+def train(plan: Plan, cloud: str, store: ObjectStore) -> None:
+    spec, me, keys = plan.spec, plan.cloud(cloud), plan.keys
+    rank, world = _distributed()
+    torch.set_num_threads(1)
+    data = torch.frombuffer(
+        bytearray(b"\n".join(read_blob(store, plan.tenant, plan.shards[i]) for i in me.shards)), dtype=torch.uint8
+    )
+    cfg = ModelConfig(**plan.model)
+    model = build_model(cfg, plan.spec.seed)
+    ddp = torch.nn.parallel.DistributedDataParallel(model) if world > 1 else model
+    opt = torch.optim.AdamW(model.parameters(), lr=spec.inner_lr, weight_decay=0.0)
+    batch = apportion(me.share, [1.0] * world)[rank] if me.share >= world else 1
+    gen = torch.Generator().manual_seed(zlib.crc32(f"{spec.seed}/{cloud}/{rank}".encode()))
+
+    for r in range(spec.rounds):
+        t0 = time.perf_counter()
+        commit = wait_for_commit(store, keys.global_step(r), keys.stop, spec.round_timeout_s)
+        t1 = time.perf_counter()
+        global_params = from_bytes(read_object(store, commit, "params.safetensors"))
+        model.load_state_dict(global_params)
+        t2 = time.perf_counter()
+        losses, step_s = [], []
+        for _ in range(spec.inner_steps):
+            ts = time.perf_counter()
+            loss = lm_loss(ddp, sample_batches(data, batch, cfg.seq_len, gen))
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            opt.step()
+            losses.append(loss.item())
+            step_s.append(time.perf_counter() - ts)
+        t3 = time.perf_counter()
+        if rank == 0:
+            local = model.state_dict()
+            delta = {n: global_params[n] - local[n] for n in global_params}
+            step = keys.cloud_step(cloud, r)
+            entry = put_object(store, f"{step}/delta.safetensors", to_bytes(delta))
+            t4 = time.perf_counter()
+            meta = {
+                "round": r,
+                "cloud": cloud,
+                "samples": me.share * spec.inner_steps,
+                "losses": losses,
+                "step_s": step_s,
+                "wait_s": t1 - t0,
+                "download_s": t2 - t1,
+                "compute_s": t3 - t2,
+                "upload_s": t4 - t3,
+            }
+            write_step(store, step, {}, refs={"delta.safetensors": entry}, meta=meta)
+            print(
+                f"round {r}: loss {losses[0]:.3f} -> {losses[-1]:.3f}, "
+                f"{1000 * (t3 - t2) / spec.inner_steps:.1f} ms/step, waited {t1 - t0:.2f} s",
+                flush=True,
+            )
+    if world > 1:
+        dist.destroy_process_group()
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--tenant", required=True)
+    parser.add_argument("--run-id", required=True)
+    parser.add_argument("--cloud", required=True)
+    parser.add_argument("--federation", default=None)
+    args = parser.parse_args(argv)
+    fed = load_federation(args.federation)
+    store = open_store(fed.cloud(args.cloud))
+    plan = Plan.load(store, args.tenant, args.run_id)
+    try:
+        train(plan, args.cloud, store)
+    except Stopped as exc:
+        print(f"stopping: {exc}", file=sys.stderr, flush=True)
+        return 3
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,55 @@
+"""The local access method: start returns at once; state, logs and stop work on real processes."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from crosscloud.backends import SubTaskError, SubTaskSpec, get_backend
+
+
+def _spec(run_id: str, module: str, args: list[str]) -> SubTaskSpec:
+    return SubTaskSpec(tenant="t", run_id=run_id, cloud="c1", image="local", accelerator="cpu", devices=1,
+                       module=module, args=args)
+
+
+def _wait(backend, handle, timeout=30):
+    deadline = time.time() + timeout
+    while backend.state(handle) == "running" and time.time() < deadline:
+        time.sleep(0.05)
+    return backend.state(handle)
+
+
+def test_finished_subtask_reports_success_and_its_output():
+    backend = get_backend("local")
+    handle = backend.start(_spec("ok", "timeit", ["-n", "1", "-r", "1", "print('hello from the cloud')"]))
+    assert _wait(backend, handle) == "succeeded"
+    text, offset = backend.logs(handle)
+    assert "hello from the cloud" in text
+    assert backend.logs(handle, offset) == ("", offset)
+
+
+def test_failing_subtask_reports_failure():
+    backend = get_backend("local")
+    handle = backend.start(_spec("bad", "no_such_module_here", []))
+    assert _wait(backend, handle) == "failed"
+    assert "No module named" in backend.logs(handle)[0]
+
+
+def test_stop_ends_the_whole_process_group_and_retry_does_not_duplicate():
+    backend = get_backend("local")
+    spec = _spec("long", "timeit", ["-n", "1000000000", "pass"])
+    handle = backend.start(spec)
+    assert backend.state(handle) == "running"
+    assert backend.start(spec)["pid"] == handle["pid"]  # a retried dispatch finds the running one
+    assert backend.used_devices()["c1"]["cpu"] == 1
+    backend.stop(handle)
+    assert backend.state(handle) in ("failed", "lost")
+    assert "c1" not in backend.used_devices()
+    assert backend.find("t", "long", "c1")["pid"] == handle["pid"]
+
+
+def test_unknown_access_method_is_named():
+    with pytest.raises(SubTaskError, match="no engine backend for access method 'carrier-pigeon'"):
+        get_backend("carrier-pigeon")
