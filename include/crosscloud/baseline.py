@@ -29,6 +29,11 @@ def baseline_key(plan) -> str:
     return hashlib.sha256(json.dumps(config, sort_keys=True).encode()).hexdigest()[:16]
 
 
+def round_seconds(record: dict) -> float:
+    """A round's wall time as the slowest cloud's worker lived it: waiting, transfers and compute."""
+    return max(c["wait_s"] + c["download_s"] + c["compute_s"] + c["upload_s"] for c in record["clouds"].values())
+
+
 def iteration_time(history: list[dict], inner_steps: int) -> float:
     """Wall seconds per inner step of the whole job, communication and waiting included.
 
@@ -36,7 +41,7 @@ def iteration_time(history: list[dict], inner_steps: int) -> float:
     rounds exist.
     """
     rounds = history[1:] or history
-    return sum(r["wall_s"] for r in rounds) / (len(rounds) * inner_steps)
+    return sum(round_seconds(r) for r in rounds) / (len(rounds) * inner_steps)
 
 
 def calibration_spec(plan) -> JobSpec:

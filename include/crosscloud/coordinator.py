@@ -17,9 +17,11 @@ from collections.abc import Callable
 import torch
 
 from crosscloud.backends import Backend, Handle, get_backend
+from crosscloud.compression import decode
 from crosscloud.commit import IntegrityError, read_commit, read_object, write_step
 from crosscloud.model import ModelConfig, build_model, evaluate
 from crosscloud.outer import SYNCHRONOUS, OuterConfig, outer_step, weighted_mean
+from crosscloud.partition import rebalance_shares
 from crosscloud.plan import Plan
 from crosscloud.preheat import read_blob
 from crosscloud.storage import ObjectStore
@@ -57,9 +59,27 @@ def load_global(store: ObjectStore, plan: Plan, round_: int) -> tuple[dict, dict
 
 
 def publish_global(stores: dict[str, ObjectStore], home: str, plan: Plan, round_: int, objects: dict, meta: dict) -> None:
-    """Write a global checkpoint to every cloud's store, the coordinator's own last."""
+    """Write a global checkpoint to every cloud's store, the coordinator's own last.
+
+    Only the coordinator's store keeps the outer optimizer state: no other cloud
+    needs it, so it never crosses a link.
+    """
     for name in sorted(stores, key=lambda n: n == home):
-        write_step(stores[name], plan.keys.global_step(round_), objects, meta=meta)
+        shared = objects if name == home else {k: v for k, v in objects.items() if k != "outer_state.safetensors"}
+        write_step(stores[name], plan.keys.global_step(round_), shared, meta=meta)
+
+
+def read_delta(store: ObjectStore, cloud: str, commit: dict, params: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """A cloud's verified pseudo-gradient, decompressed; anything malformed is refused."""
+    if "delta.int8.safetensors" in commit["objects"]:
+        try:
+            delta = decode(from_bytes(read_object(store, commit, "delta.int8.safetensors")), params)
+        except ValueError as exc:
+            raise IntegrityError(f"cloud {cloud}: {exc}") from None
+    else:
+        delta = from_bytes(read_object(store, commit, "delta.safetensors"))
+    check_delta(cloud, delta, params)
+    return delta
 
 
 def check_delta(cloud: str, delta: dict[str, torch.Tensor], params: dict[str, torch.Tensor]) -> None:
@@ -126,6 +146,19 @@ class Coordinator:
                 time.sleep(POLL_S)
         return commits
 
+    def shares_of_round(self, round_: int, home: ObjectStore) -> dict[str, int]:
+        """The shares of the global batch the clouds trained with in ``round_``.
+
+        A worker takes new shares from the global checkpoint it continues from:
+        global ``round_ - 1`` when rounds overlap, global ``round_`` when they do not.
+        """
+        source = round_ - 1 if self.plan.overlap else round_
+        planned = {c.name: c.share for c in self.plan.clouds}
+        if source < 0:
+            return planned
+        commit = read_commit(home, self.plan.keys.global_step(source))
+        return (commit or {}).get("meta", {}).get("next_shares") or planned
+
     def run(self) -> list[dict]:
         plan, spec, home = self.plan, self.plan.spec, self.stores[self.home]
         cfg = outer_config(plan)
@@ -136,9 +169,9 @@ class Coordinator:
         if start > 0:
             self.log(f"resuming run {plan.run_id} after committed round {start - 1}")
         params, momentum, meta = load_global(home, plan, start)
-        for cloud, store in self.stores.items():  # re-publish a round a crash left half-published
-            if read_commit(store, plan.keys.global_step(start)) is None:
-                write_step(store, plan.keys.global_step(start), _global_objects(params, momentum), meta=meta)
+        missing = {c: s for c, s in self.stores.items() if read_commit(s, plan.keys.global_step(start)) is None}
+        if missing:  # re-publish a round a crash left half-published
+            publish_global(missing, self.home, plan, start, _global_objects(params, momentum), meta)
         published_at = meta["published_at"]
         model = build_model(ModelConfig(**plan.model), spec.seed)
         held_out = torch.frombuffer(bytearray(read_blob(home, plan.tenant, plan.held_out)), dtype=torch.uint8)
@@ -146,30 +179,30 @@ class Coordinator:
         for r in range(start, spec.rounds):
             commits = self.wait_for_deltas(r)
             t_sync = time.perf_counter()
-            deltas = {}
-            for cloud, commit in commits.items():
-                delta = from_bytes(read_object(self.stores[cloud], commit, "delta.safetensors"))
-                check_delta(cloud, delta, params)
-                deltas[cloud] = delta
-            weights = {c.name: float(c.share) for c in plan.clouds}
-            params, momentum = outer_step(params, weighted_mean(deltas, weights), momentum, cfg)
+            deltas = {cloud: read_delta(self.stores[cloud], cloud, commit, params) for cloud, commit in commits.items()}
+            shares = self.shares_of_round(r, home)
+            params, momentum = outer_step(params, weighted_mean(deltas, {c: float(n) for c, n in shares.items()}), momentum, cfg)
             now = time.time()
             record = {
                 "round": r,
                 "wall_s": now - published_at,
                 "published_at": now,
+                "shares": shares,
                 "clouds": {c: _cloud_record(commits[c]["meta"]) for c in sorted(commits)},
             }
+            if spec.adapt_shares:
+                step_s = {c: rec["mean_step_s"] for c, rec in record["clouds"].items()}
+                record["next_shares"] = rebalance_shares(shares, step_s, spec.global_batch)
             publish_global(self.stores, self.home, plan, r + 1, _global_objects(params, momentum), meta=record)
             record["sync_s"] = time.perf_counter() - t_sync
             published_at = now
             model.load_state_dict(params)
             record["eval_loss"] = evaluate(model, held_out)
+            self.on_round(record)
             history.append(record)
             home.put(f"{plan.keys.root}/history.json", json.dumps(history).encode())
             self.relay_logs()
             self.log(f"round {r}: eval loss {record['eval_loss']:.4f}, wall {record['wall_s']:.2f} s")
-            self.on_round(record)
         return history
 
 

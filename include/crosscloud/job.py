@@ -35,6 +35,9 @@ class JobSpec:
     outer_lr: float = 0.7
     outer_momentum: float = 0.9
     round_timeout_s: float = 600.0
+    overlap: bool = True
+    compression: Literal["int8", "none"] = "int8"
+    adapt_shares: bool = False
 
     def __post_init__(self) -> None:
         checks = [
@@ -48,6 +51,7 @@ class JobSpec:
             (self.outer_lr > 0, "outer_lr", f"must be > 0, got {self.outer_lr}"),
             (0 <= self.outer_momentum < 1, "outer_momentum", f"must be in [0, 1), got {self.outer_momentum}"),
             (self.round_timeout_s > 0, "round_timeout_s", f"must be > 0, got {self.round_timeout_s}"),
+            (self.compression in ("int8", "none"), "compression", f"{self.compression!r} is unknown; choose int8 or none"),
             (len(set(self.clouds)) == len(self.clouds), "clouds", f"lists a cloud twice: {self.clouds}"),
         ]
         for ok, name, message in checks:

@@ -127,3 +127,20 @@ def partition(fed: Federation, spec: JobSpec, family: str, free: dict[str, dict[
     chosen = [c.model_copy(update={"share": s}) for c, s in zip(chosen, shares)]
     shards = assign_shards(fed, spec.dataset, n_shards, chosen)
     return [c.model_copy(update={"shards": shards[c.name]}) for c in chosen], candidates
+
+
+def rebalance_shares(shares: dict[str, int], step_s: dict[str, float], global_batch: int, tolerance: float = 0.05) -> dict[str, int]:
+    """Shares for the next round from measured seconds per step, so that no cloud waits for another.
+
+    A cloud's measured speed is the samples it trained per second; the new shares
+    are proportional to it. Shares change only when that shortens the predicted
+    round by more than ``tolerance``, so timing noise does not move data around.
+    """
+    names = sorted(shares)
+    speed = [shares[n] / step_s[n] for n in names]
+    proposed = dict(zip(names, apportion(global_batch, speed)))
+
+    def round_time(s: dict[str, int]) -> float:
+        return max(s[n] / v for n, v in zip(names, speed))
+
+    return proposed if round_time(proposed) < (1 - tolerance) * round_time(shares) else dict(shares)

@@ -23,6 +23,7 @@ from crosscloud.corpus import build_corpus
 from crosscloud.federation import Federation, load_federation
 from crosscloud.federation import federation_path as resolve_federation_path
 from crosscloud.job import JobSpec
+from crosscloud.links import store_seen_from, wan_bytes
 from crosscloud.model import ModelConfig, build_model, evaluate, preset
 from crosscloud.names import blob_key, validate_name
 from crosscloud.partition import PlacementError, partition
@@ -125,7 +126,7 @@ def preheat_stage(ref: RunRef) -> dict:
     home = open_store(fed.local_cloud)
     data_home = open_store(fed.cloud(fed.dataset(plan.dataset).home))
     for cloud in plan.clouds:
-        store = open_store(fed.cloud(cloud.name))
+        store = store_seen_from(fed, cloud.name, fed.local_cloud.name)
         for i in cloud.shards:
             copy_blob(data_home, store, plan.tenant, plan.shards[i], report)
         copy_blob(home, store, plan.tenant, plan.init, report)
@@ -176,13 +177,20 @@ def stop_run(ref: RunRef, handles: list[Handle]) -> None:
 def sync_stage(ref: RunRef, handles: list[Handle], log: Log = print) -> list[dict]:
     """Run the coordinator; on failure stop the sub-tasks so nothing trains on unattended."""
     fed, plan = ref.load()
-    stores = {c.name: open_store(fed.cloud(c.name)) for c in plan.clouds}
+    stores = {c.name: store_seen_from(fed, c.name, plan.coordinator_cloud) for c in plan.clouds}
     tracker = None
     if plan.tracking:
         from crosscloud.tracking import Tracker
 
         tracker = Tracker()
-    coordinator = Coordinator(plan, stores, handles, log=log, on_round=(lambda rec: tracker.log_round(plan, rec)) if tracker else None)
+    sent = [wan_bytes()]
+
+    def on_round(record: dict) -> None:
+        record["wan_bytes"], sent[0] = wan_bytes() - sent[0], wan_bytes()
+        if tracker:
+            tracker.log_round(plan, record)
+
+    coordinator = Coordinator(plan, stores, handles, log=log, on_round=on_round)
     try:
         return coordinator.run()
     except BaseException:
@@ -236,7 +244,8 @@ def _cloud_summary(fed: Federation, plan: Plan, history: list[dict], train_s: fl
     return clouds
 
 
-def aggregate_stage(ref: RunRef, handles: list[Handle], experiment: str | None = None, log: Log = print) -> dict:
+def aggregate_stage(ref: RunRef, handles: list[Handle], experiment: str | None = None, log: Log = print,
+                    compare_baseline: bool = True) -> dict:
     """Final model and evaluation, whole-run metrics, the baseline gap; closes the MLflow runs."""
     fed, plan = ref.load()
     spec, home = plan.spec, open_store(fed.local_cloud)
@@ -255,7 +264,7 @@ def aggregate_stage(ref: RunRef, handles: list[Handle], experiment: str | None =
     it_s = baseline.iteration_time(history, spec.inner_steps)
     train_s = sum(r["wall_s"] for r in history)
     clouds = _cloud_summary(fed, plan, history, train_s)
-    base = _baseline(plan, experiment, log) if spec.mode == "cross_cloud" else None
+    base = _baseline(plan, experiment, log) if spec.mode == "cross_cloud" and compare_baseline else None
     summary = {
         "run_id": plan.run_id,
         "tenant": plan.tenant,
@@ -274,7 +283,11 @@ def aggregate_stage(ref: RunRef, handles: list[Handle], experiment: str | None =
             "cost": sum(c["cost"] for c in clouds.values()),
             "energy_kwh": sum(c["energy_kwh"] for c in clouds.values()),
         },
-        "history": [{k: v for k, v in r.items() if k != "clouds"} for r in history],
+        "history": [
+            {**{k: v for k, v in r.items() if k != "clouds"},
+             "clouds": {c: {k: v for k, v in rec.items() if isinstance(v, float)} for c, rec in r["clouds"].items()}}
+            for r in history
+        ],
     }
     home.put(plan.keys.summary, json.dumps(summary, indent=2).encode())
     if plan.tracking:
@@ -286,7 +299,7 @@ def aggregate_stage(ref: RunRef, handles: list[Handle], experiment: str | None =
 
 
 def run_job(spec: JobSpec, run_id: str, federation_path: str | None = None, experiment: str | None = None,
-            log: Log = print) -> dict:
+            log: Log = print, compare_baseline: bool = True) -> dict:
     """All stages in this process, through the engine backends: for benchmarks and calibration."""
     ref = partition_stage(spec, run_id, federation_path, experiment, tags={"crosscloud.launcher": "engine"})
     preheat_stage(ref)
@@ -300,4 +313,4 @@ def run_job(spec: JobSpec, run_id: str, federation_path: str | None = None, expe
 
             Tracker().fail(plan)
         raise
-    return aggregate_stage(ref, handles, experiment, log)
+    return aggregate_stage(ref, handles, experiment, log, compare_baseline)

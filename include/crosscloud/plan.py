@@ -77,6 +77,16 @@ class Plan(_Model):
     def spec(self) -> JobSpec:
         return JobSpec(**self.job)
 
+    @property
+    def overlap(self) -> bool:
+        """Whether round r's exchange runs while round r + 1 computes (one-round-delayed global)."""
+        return self.spec.overlap
+
+    @property
+    def compression(self) -> str:
+        """How pseudo-gradients travel; a single cluster exchanges nothing over a WAN, so exactly."""
+        return "none" if self.spec.mode == "single_cluster" else self.spec.compression
+
     def cloud(self, name: str) -> CloudAssignment:
         for c in self.clouds:
             if c.name == name:

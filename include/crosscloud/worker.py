@@ -20,6 +20,7 @@ import zlib
 import torch
 import torch.distributed as dist
 
+from crosscloud.compression import ErrorFeedback
 from crosscloud.commit import put_object, read_commit, read_object, write_step
 from crosscloud.federation import load_federation
 from crosscloud.model import ModelConfig, build_model, lm_loss
@@ -51,6 +52,25 @@ def wait_for_commit(store: ObjectStore, step: str, stop_key: str, timeout_s: flo
         time.sleep(POLL_S)
 
 
+def continue_from(global_params: dict[str, torch.Tensor], progress: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Overlapped rounds: the next round starts from the newest global plus this cloud's own
+    progress of the round the global does not yet contain."""
+    return {n: global_params[n] + progress[n] for n in global_params}
+
+
+def _snapshot(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    return {n: t.detach().clone() for n, t in model.state_dict().items()}
+
+
+def _commit_delta(store: ObjectStore, step: str, progress: dict, feedback: ErrorFeedback | None, meta: dict) -> None:
+    """Commit the pseudo-gradient (-progress), int8 with error feedback where the plan says so."""
+    t = time.perf_counter()
+    delta = {n: -p for n, p in progress.items()}
+    name, payload = ("delta.int8.safetensors", feedback.compress(delta)) if feedback else ("delta.safetensors", delta)
+    entry = put_object(store, f"{step}/{name}", to_bytes(payload))
+    write_step(store, step, {}, refs={name: entry}, meta={**meta, "upload_s": time.perf_counter() - t})
+
+
 def _distributed() -> tuple[int, int]:
     world = int(os.environ.get("WORLD_SIZE", "1"))
     if world > 1:
@@ -70,17 +90,19 @@ def train(plan: Plan, cloud: str, store: ObjectStore) -> None:
     model = build_model(cfg, plan.spec.seed)
     ddp = torch.nn.parallel.DistributedDataParallel(model) if world > 1 else model
     opt = torch.optim.AdamW(model.parameters(), lr=spec.inner_lr, weight_decay=0.0)
-    batch = apportion(me.share, [1.0] * world)[rank] if me.share >= world else 1
+    share = me.share
     gen = torch.Generator().manual_seed(zlib.crc32(f"{spec.seed}/{cloud}/{rank}".encode()))
 
+    feedback = ErrorFeedback() if plan.compression == "int8" else None
+    t0 = time.perf_counter()
+    commit = wait_for_commit(store, keys.global_step(0), keys.stop, spec.round_timeout_s)
+    model.load_state_dict(from_bytes(read_object(store, commit, "params.safetensors")))
+    base = _snapshot(model)
+    ready = {"wait_s": time.perf_counter() - t0, "download_s": 0.0}
     for r in range(spec.rounds):
-        t0 = time.perf_counter()
-        commit = wait_for_commit(store, keys.global_step(r), keys.stop, spec.round_timeout_s)
         t1 = time.perf_counter()
-        global_params = from_bytes(read_object(store, commit, "params.safetensors"))
-        model.load_state_dict(global_params)
-        t2 = time.perf_counter()
         losses, step_s = [], []
+        batch = apportion(share, [1.0] * world)[rank] if share >= world else 1
         for _ in range(spec.inner_steps):
             ts = time.perf_counter()
             loss = lm_loss(ddp, sample_batches(data, batch, cfg.seq_len, gen))
@@ -89,30 +111,31 @@ def train(plan: Plan, cloud: str, store: ObjectStore) -> None:
             opt.step()
             losses.append(loss.item())
             step_s.append(time.perf_counter() - ts)
-        t3 = time.perf_counter()
+        t2 = time.perf_counter()
+        progress = {n: t - base[n] for n, t in _snapshot(model).items()}
         if rank == 0:
-            local = model.state_dict()
-            delta = {n: global_params[n] - local[n] for n in global_params}
-            step = keys.cloud_step(cloud, r)
-            entry = put_object(store, f"{step}/delta.safetensors", to_bytes(delta))
+            _commit_delta(store, keys.cloud_step(cloud, r), progress, feedback, {
+                "round": r, "cloud": cloud, "samples": share * spec.inner_steps, "losses": losses,
+                "step_s": step_s, "compute_s": t2 - t1, **ready,
+            })
+            print(f"round {r}: loss {losses[0]:.3f} -> {losses[-1]:.3f}, "
+                  f"{1000 * (t2 - t1) / spec.inner_steps:.1f} ms/step, waited {ready['wait_s']:.2f} s", flush=True)
+        if r == spec.rounds - 1:
+            break
+        # overlap: the next round starts from global r - the newest the coordinator can have
+        # published without this round's pseudo-gradients - plus this round's own progress, so
+        # the exchange of round r runs while round r + 1 computes; blocking: wait for global r + 1.
+        t3 = time.perf_counter()
+        if plan.overlap and r == 0:  # round 0 started from the initial global: nothing to correct
+            t4 = t3
+        else:
+            commit = wait_for_commit(store, keys.global_step(r if plan.overlap else r + 1), keys.stop, spec.round_timeout_s)
             t4 = time.perf_counter()
-            meta = {
-                "round": r,
-                "cloud": cloud,
-                "samples": me.share * spec.inner_steps,
-                "losses": losses,
-                "step_s": step_s,
-                "wait_s": t1 - t0,
-                "download_s": t2 - t1,
-                "compute_s": t3 - t2,
-                "upload_s": t4 - t3,
-            }
-            write_step(store, step, {}, refs={"delta.safetensors": entry}, meta=meta)
-            print(
-                f"round {r}: loss {losses[0]:.3f} -> {losses[-1]:.3f}, "
-                f"{1000 * (t3 - t2) / spec.inner_steps:.1f} ms/step, waited {t1 - t0:.2f} s",
-                flush=True,
-            )
+            params = from_bytes(read_object(store, commit, "params.safetensors"))
+            model.load_state_dict(continue_from(params, progress) if plan.overlap else params)
+            share = commit["meta"].get("next_shares", {}).get(cloud, share)  # straggler-aware shares
+        base = _snapshot(model)
+        ready = {"wait_s": t4 - t3, "download_s": time.perf_counter() - t4}
     if world > 1:
         dist.destroy_process_group()
 

@@ -59,7 +59,7 @@ class SyncCheckpointsOperator(BaseOperator):
         from crosscloud.pipeline import sync_stage
 
         history = sync_stage(_ref(self.run), _handles(self.handles), log=self.log.info)
-        return [{k: v for k, v in r.items() if k != "clouds"} for r in history]
+        return [{k: v for k, v in r.items() if k not in ("clouds", "shares", "next_shares")} for r in history]
 
     def on_kill(self) -> None:
         from crosscloud.pipeline import stop_run

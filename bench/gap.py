@@ -1,0 +1,168 @@
+"""Iteration-time gap of a cross-cloud run against a single cluster, measured side by side.
+
+Three configurations of the same job (model, global batch, inner steps, total
+tokens, seed), each a real run through the engine's stages:
+
+1. single-cluster, synchronous: one cloud, 2 worker processes, gradient
+   all-reduce every step (torch.distributed, gloo);
+2. single-cluster, same algorithm: crosscloud's rounds with one worker in each
+   of two zones of one site, exchanging through object storage with no WAN;
+3. cross-cloud: 2 clouds x 1 worker, every transfer between them over an
+   emulated WAN link (bandwidth and round trip are flags).
+
+Prints a table and ends with
+``iteration_time_gap_pct=<(3) vs (1)> wan_penalty_pct=<(3) vs (2)> loss_ratio=<(3)/(1)> bytes_per_round=<WAN bytes of (3)>``.
+``--sweep`` adds the gap for several model sizes and link bandwidths.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import yaml
+
+from crosscloud.baseline import gap_pct, iteration_time, round_seconds
+from crosscloud.job import JobSpec
+from crosscloud.pipeline import run_job
+
+EXPERIMENT = "bench_gap"
+
+
+def federation(bandwidth_mbps: float, rtt_ms: float) -> dict:
+    """Site A (two zones, no WAN between them) and cloud B behind an emulated WAN link."""
+
+    def cloud(name: str, role: str, devices: int) -> dict:
+        return {
+            "name": name, "role": role, "jurisdiction": "EU", "region": name, "access": {"method": "local"},
+            "store": {"url": f"file://bench-gap/{name}"},
+            "pools": [{"accelerator": "cpu", "count": devices, "power_w": 65, "price_per_device_hour": 0.1}],
+        }
+
+    return {
+        "name": "bench-gap",
+        "jurisdictions": {"EU": {}},
+        "clouds": [cloud("site-a", "local", 2), cloud("site-a-zone2", "collaboration", 1), cloud("cloud-b", "collaboration", 1)],
+        "links": [
+            {"a": "site-a", "b": "site-a-zone2", "bandwidth_mbps": 100000, "latency_ms": 0.1},
+            {"a": "site-a", "b": "cloud-b", "bandwidth_mbps": bandwidth_mbps, "latency_ms": rtt_ms, "emulate": True},
+        ],
+        "tenants": [{"name": "bench", "quotas": {"site-a": 2, "site-a-zone2": 1, "cloud-b": 1}}],
+        "images": [{"accelerator": "cpu", "family": "byte-lm", "image": "crosscloud-worker:cpu"}],
+        "datasets": [{"name": "python-stdlib", "source": "python-stdlib", "shards": 12, "home": "site-a"}],
+    }
+
+
+CONFIGS = {
+    "single_sync": {"mode": "single_cluster", "clouds": ["site-a"], "devices_per_cloud": 2},
+    "single_rounds": {"clouds": ["site-a", "site-a-zone2"]},
+    "cross_cloud": {"clouds": ["site-a", "cloud-b"]},
+}
+
+
+def measure(history: list[dict], h: int) -> dict:
+    """Per-round seconds split into compute / communication / waiting, from the slowest cloud."""
+    rounds = history[1:] or history
+    per_step = [round_seconds(r) / h for r in rounds]
+
+    def part(r: dict, keys: tuple[str, ...]) -> float:
+        slowest = max(r["clouds"].values(), key=lambda c: c["wait_s"] + c["download_s"] + c["compute_s"] + c["upload_s"])
+        return sum(slowest[k] for k in keys)
+
+    return {
+        "mean_s": iteration_time(history, h),
+        "p95_s": sorted(per_step)[max(0, round(0.95 * len(per_step)) - 1)],
+        "compute_s": statistics.mean(part(r, ("compute_s",)) for r in rounds),
+        "comm_s": statistics.mean(part(r, ("download_s", "upload_s")) for r in rounds),
+        "wait_s": statistics.mean(part(r, ("wait_s",)) for r in rounds),
+        "wan_bytes": statistics.mean(r.get("wan_bytes", 0) for r in rounds),
+    }
+
+
+def run_config(name: str, base: dict, fed_path: Path, tag: str, log) -> dict:
+    spec = JobSpec(tenant="bench", **{**base, **CONFIGS[name]})
+    summary = run_job(spec, f"gap-{tag}-{name}", str(fed_path), EXPERIMENT, log=log, compare_baseline=False)
+    return {**measure(summary["history"], spec.inner_steps), "loss": summary["metrics"]["final_eval_loss"]}
+
+
+def write_federation(folder: Path, bandwidth: float, rtt: float) -> Path:
+    path = folder / f"federation-{bandwidth:g}.yaml"
+    path.write_text(yaml.safe_dump(federation(bandwidth, rtt)))
+    return path
+
+
+def table(results: dict[str, dict]) -> str:
+    head = f"{'configuration':<16}{'mean ms/step':>13}{'p95 ms/step':>12}{'compute s':>11}{'comm s':>8}{'wait s':>8}{'WAN bytes/rd':>14}{'eval loss':>10}"
+    rows = [head]
+    for name, r in results.items():
+        rows.append(
+            f"{name:<16}{1000 * r['mean_s']:>13.1f}{1000 * r['p95_s']:>12.1f}{r['compute_s']:>11.2f}{r['comm_s']:>8.3f}"
+            f"{r['wait_s']:>8.3f}{r['wan_bytes']:>14.0f}{r['loss']:>10.4f}"
+        )
+    return "\n".join(rows)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--bandwidth-mbps", type=float, default=100.0)
+    p.add_argument("--rtt-ms", type=float, default=50.0)
+    p.add_argument("--model-size", default="small")
+    p.add_argument("--rounds", type=int, default=10)
+    p.add_argument("--inner-steps", type=int, default=40)
+    p.add_argument("--global-batch", type=int, default=24)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--no-overlap", action="store_true", help="blocking rounds, to see what overlapping buys")
+    p.add_argument("--compression", default="int8", choices=["int8", "none"])
+    p.add_argument("--sweep", action="store_true", help="add the gap over model sizes and link bandwidths")
+    p.add_argument("--verbose", action="store_true")
+    args = p.parse_args(argv)
+    log = print if args.verbose else (lambda msg: None)
+    tag = time.strftime("%Y%m%d-%H%M%S")
+    base = {"model_size": args.model_size, "rounds": args.rounds, "inner_steps": args.inner_steps,
+            "global_batch": args.global_batch, "seed": args.seed, "overlap": not args.no_overlap,
+            "compression": args.compression}
+    folder = Path(tempfile.mkdtemp(prefix="bench-gap-"))
+    fed = write_federation(folder, args.bandwidth_mbps, args.rtt_ms)
+    print(f"link {args.bandwidth_mbps:g} Mbit/s, {args.rtt_ms:g} ms RTT; model {args.model_size}, "
+          f"{args.rounds} rounds x {args.inner_steps} steps, global batch {args.global_batch}", flush=True)
+    results = {}
+    for name in CONFIGS:
+        results[name] = run_config(name, base, fed, tag, log)
+        print(f"  {name}: {1000 * results[name]['mean_s']:.1f} ms/step, eval loss {results[name]['loss']:.4f}", flush=True)
+    print(table(results))
+    if args.sweep:
+        print(sweep(base, folder, tag, args.rtt_ms, log))
+    one, two, three = results["single_sync"], results["single_rounds"], results["cross_cloud"]
+    print(
+        f"iteration_time_gap_pct={gap_pct(three['mean_s'], one['mean_s']):.2f} "
+        f"wan_penalty_pct={gap_pct(three['mean_s'], two['mean_s']):.2f} "
+        f"loss_ratio={three['loss'] / one['loss']:.4f} bytes_per_round={three['wan_bytes']:.0f}"
+    )
+    return 0
+
+
+def sweep(base: dict, folder: Path, tag: str, rtt: float, log) -> str:
+    """Gap of cross-cloud against single-cluster sync over model sizes x link bandwidths."""
+    sizes, bandwidths = ["tiny", "small", "base"], [10.0, 100.0, 1000.0]
+    short = {**base, "rounds": 4, "inner_steps": 20}
+    lines = [f"sweep ({short['rounds']} rounds x {short['inner_steps']} steps): iteration-time gap % vs single-cluster sync",
+             f"{'model':<8}" + "".join(f"{f'{b:g} Mbit/s':>14}" for b in bandwidths)]
+    for size in sizes:
+        cfg = {**short, "model_size": size}
+        fed = write_federation(folder, 1000.0, rtt)
+        sync = run_config("single_sync", cfg, fed, f"{tag}-{size}", log)["mean_s"]
+        cells = []
+        for bw in bandwidths:
+            cross = run_config("cross_cloud", cfg, write_federation(folder, bw, rtt), f"{tag}-{size}-{bw:g}", log)
+            cells.append(f"{gap_pct(cross['mean_s'], sync):>+14.1f}")
+            print(f"  sweep {size} {bw:g} Mbit/s: {cells[-1].strip()}%", flush=True)
+        lines.append(f"{size:<8}" + "".join(cells))
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,88 @@
+"""The network between clouds, as the transfer layer sees it.
+
+A federation link with ``emulate: true`` makes every transfer over it take the
+time a real link of that bandwidth and round-trip latency would: one round trip
+per request plus the bytes at the link's rate, the link shared by all transfers
+of this process. Used by benchmarks and tests to put a WAN between local
+"clouds"; a link without ``emulate`` costs nothing extra.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+
+from crosscloud.federation import Federation
+from crosscloud.storage import ObjectStore, open_store
+
+_LINKS: dict[tuple[str, str], EmulatedLink] = {}
+
+
+class EmulatedLink:
+    def __init__(self, bandwidth_mbps: float, latency_ms: float):
+        self.bytes_per_s = bandwidth_mbps * 1e6 / 8
+        self.rtt_s = latency_ms / 1000
+        self._lock = threading.Lock()
+        self._busy_until = 0.0
+        self.bytes_sent = 0
+
+    def transfer(self, nbytes: int) -> None:
+        """Block for as long as moving ``nbytes`` over this link takes, queueing behind others."""
+        with self._lock:
+            start = max(time.monotonic(), self._busy_until)
+            self._busy_until = start + nbytes / self.bytes_per_s
+            done = self._busy_until + self.rtt_s
+            self.bytes_sent += nbytes
+        time.sleep(max(0.0, done - time.monotonic()))
+
+
+class LinkedStore(ObjectStore):
+    """Another cloud's store reached over an emulated link."""
+
+    def __init__(self, inner: ObjectStore, link: EmulatedLink):
+        self.inner, self.link, self.cloud = inner, link, inner.cloud
+
+    def __repr__(self) -> str:
+        return f"LinkedStore({self.inner!r})"
+
+    def put(self, key: str, data: bytes) -> None:
+        self.link.transfer(len(data))
+        self.inner.put(key, data)
+
+    def get(self, key: str) -> bytes:
+        try:
+            data = self.inner.get(key)
+        except Exception:
+            self.link.transfer(0)  # a miss still costs its round trip
+            raise
+        self.link.transfer(len(data))
+        return data
+
+    def exists(self, key: str) -> bool:
+        self.link.transfer(0)
+        return self.inner.exists(key)
+
+    def list(self, prefix: str) -> list[str]:
+        self.link.transfer(0)
+        return self.inner.list(prefix)
+
+    def delete(self, key: str) -> None:
+        self.link.transfer(0)
+        self.inner.delete(key)
+
+
+def store_seen_from(fed: Federation, cloud: str, site: str) -> ObjectStore:
+    """``cloud``'s store as a process running on ``site`` reaches it: over the link between them."""
+    store = open_store(fed.cloud(cloud))
+    link = fed.link(cloud, site) if cloud != site else None
+    if link is None or not link.emulate:
+        return store
+    key = tuple(sorted((cloud, site)))
+    if key not in _LINKS:
+        _LINKS[key] = EmulatedLink(link.bandwidth_mbps, link.latency_ms)
+    return LinkedStore(store, _LINKS[key])
+
+
+def wan_bytes() -> int:
+    """Bytes this process has moved over emulated links so far."""
+    return sum(link.bytes_sent for link in _LINKS.values())
