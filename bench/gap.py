@@ -147,8 +147,8 @@ def main(argv: list[str] | None = None) -> int:
 
 def sweep(base: dict, folder: Path, tag: str, rtt: float, log) -> str:
     """Gap of cross-cloud against single-cluster sync over model sizes x link bandwidths."""
-    sizes, bandwidths = ["tiny", "small", "base"], [10.0, 100.0, 1000.0]
-    short = {**base, "rounds": 4, "inner_steps": 20}
+    sizes, bandwidths = ["tiny", "small", "base"], [1.0, 10.0, 100.0, 1000.0]
+    short = {**base, "rounds": 6, "inner_steps": 20}
     lines = [f"sweep ({short['rounds']} rounds x {short['inner_steps']} steps): iteration-time gap % vs single-cluster sync",
              f"{'model':<8}" + "".join(f"{f'{b:g} Mbit/s':>14}" for b in bandwidths)]
     for size in sizes:

@@ -29,9 +29,12 @@ from __future__ import annotations
 from datetime import datetime, timedelta
 
 from airflow.sdk import Param, dag, get_current_context, task
-from crosscloud_airflow.operators import LocalSubTaskOperator, SyncCheckpointsOperator
+from crosscloud.job import MODES, JobSpec
+from crosscloud.presets import PRESETS
+from crosscloud_airflow.operators import LocalSubTaskOperator, SyncCheckpointsOperator, run_ref
 
 DAG_ID = "cross_cloud_training"
+JOB = JobSpec()  # the Params' defaults are the engine's, so the DAG runs what benchmarks measure
 
 
 @dag(
@@ -44,33 +47,37 @@ DAG_ID = "cross_cloud_training"
     max_active_runs=4,
     default_args={"retries": 2, "retry_delay": timedelta(seconds=5)},
     params={
-        "tenant": Param("team-a", type="string", description="Tenant the job runs for (quota, storage prefix)."),
+        "tenant": Param(JOB.tenant, type="string", description="Tenant the job runs for (quota, storage prefix)."),
         "clouds": Param(
-            [], type="array", items={"type": "string"},
+            JOB.clouds, type="array", items={"type": "string"},
             description="Clouds to use; empty means every active cloud the tenant has quota on.",
         ),
-        "rounds": Param(10, type="integer", minimum=1, maximum=1000, description="Outer rounds (global syncs)."),
-        "inner_steps": Param(25, type="integer", minimum=1, maximum=10000, description="Inner steps per round (H)."),
-        "model_size": Param("small", enum=["tiny", "small", "base", "large"], description="Model preset."),
-        "global_batch": Param(24, type="integer", minimum=1, description="Sequences per inner step over all clouds."),
-        "devices_per_cloud": Param(1, type="integer", minimum=1, description="Devices each cloud's sub-task uses."),
-        "seed": Param(0, type="integer", minimum=0, description="Seed of data selection, init and sampling."),
+        "rounds": Param(JOB.rounds, type="integer", minimum=1, maximum=1000, description="Outer rounds (global syncs)."),
+        "inner_steps": Param(JOB.inner_steps, type="integer", minimum=1, maximum=10000, description="Inner steps per round (H)."),
+        "model_size": Param(JOB.model_size, enum=sorted(PRESETS, key=lambda n: PRESETS[n].d_model), description="Model preset."),
+        "global_batch": Param(JOB.global_batch, type="integer", minimum=1, description="Sequences per inner step over all clouds."),
+        "devices_per_cloud": Param(JOB.devices_per_cloud, type="integer", minimum=1, description="Devices each cloud's sub-task uses."),
+        "dataset": Param(JOB.dataset, type="string", description="Dataset of the federation to train on."),
+        "seed": Param(JOB.seed, type="integer", minimum=0, description="Seed of data selection, init and sampling."),
         "mode": Param(
-            "cross_cloud", enum=["cross_cloud", "single_cluster"],
-            description="single_cluster runs the same job on one cloud: the baseline.",
+            JOB.mode, enum=list(MODES), description="single_cluster runs the same job on one cloud: the baseline.",
         ),
-        "inner_lr": Param(0.003, type="number", exclusiveMinimum=0, description="AdamW learning rate."),
-        "outer_lr": Param(0.7, type="number", exclusiveMinimum=0, description="Outer Nesterov SGD learning rate."),
-        "outer_momentum": Param(0.9, type="number", minimum=0, exclusiveMaximum=1, description="Outer momentum."),
-        "round_timeout_s": Param(600, type="number", exclusiveMinimum=0, description="Longest wait for a round."),
+        "inner_lr": Param(JOB.inner_lr, type="number", exclusiveMinimum=0, description="AdamW learning rate."),
+        "outer_lr": Param(JOB.outer_lr, type="number", exclusiveMinimum=0, description="Outer Nesterov SGD learning rate."),
+        "outer_momentum": Param(JOB.outer_momentum, type="number", minimum=0, exclusiveMaximum=1, description="Outer momentum."),
+        "round_timeout_s": Param(JOB.round_timeout_s, type="number", exclusiveMinimum=0, description="Longest wait for a round."),
+        "overlap": Param(JOB.overlap, type="boolean", description="Exchange round r while round r + 1 computes."),
+        "compression": Param(JOB.compression, enum=["int8", "none"], description="How pseudo-gradients travel."),
+        "adapt_shares": Param(JOB.adapt_shares, type="boolean", description="Move batch shares towards faster clouds between rounds."),
     },
 )
 def cross_cloud_training():
     @task
     def partition() -> dict:
-        from crosscloud.job import JobSpec
         from crosscloud.pipeline import partition_stage
+        from crosscloud_airflow.connections import use_airflow_connections
 
+        use_airflow_connections()
         ctx = get_current_context()
         spec = JobSpec.from_params(dict(ctx["params"]))
         ref = partition_stage(spec, ctx["run_id"], experiment=DAG_ID, tags={"airflow.dag_id": DAG_ID, "airflow.run_id": ctx["run_id"]})
@@ -83,34 +90,32 @@ def cross_cloud_training():
 
     @task
     def preheat(run: dict) -> dict:
-        from crosscloud.pipeline import RunRef, preheat_stage
+        from crosscloud.pipeline import preheat_stage
 
-        report = preheat_stage(RunRef(**run))
+        report = preheat_stage(run_ref(run))
         print(f"preheat: sent {report['total_sent_bytes']} bytes, skipped {report['total_skipped_bytes']} already present")
         return report
 
     @task
     def clouds_of(run: dict, method: str) -> list[str]:
         """The plan's clouds reached by ``method``: what that dispatch task maps over."""
-        from crosscloud.pipeline import RunRef
-
-        _, plan = RunRef(**run).load()
+        _, plan = run_ref(run).load()
         return [c.name for c in plan.clouds if c.method == method]
 
     @task
     def aggregate(run: dict, handles: list[dict]) -> dict:
-        from crosscloud.pipeline import RunRef, aggregate_stage
+        from crosscloud.pipeline import aggregate_stage
 
-        summary = aggregate_stage(RunRef(**run), [handles[i] for i in range(len(handles))], experiment=DAG_ID)
+        summary = aggregate_stage(run_ref(run), [handles[i] for i in range(len(handles))], experiment=DAG_ID)
         print(f"eval loss {summary['metrics']['eval_loss_start']:.4f} -> {summary['metrics']['final_eval_loss']:.4f}")
         return summary["metrics"]
 
     @task(trigger_rule="all_done")
     def cleanup(run: dict) -> None:
         """Stop every sub-task of the run still alive, whatever the other tasks did."""
-        from crosscloud.pipeline import RunRef, run_handles, stop_run
+        from crosscloud.pipeline import run_handles, stop_run
 
-        ref = RunRef(**run)
+        ref = run_ref(run)
         stop_run(ref, run_handles(ref))
 
     run = partition()

@@ -14,6 +14,8 @@ from pathlib import Path
 
 import pytest
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # the tests' helper modules
+
 ROOT = Path(__file__).resolve().parents[1]
 _STATE = Path(tempfile.mkdtemp(prefix="crosscloud-test-"))
 os.environ.update(
@@ -50,3 +52,20 @@ def dagbag(airflow_db):
     from airflow.dag_processing.dagbag import DagBag
 
     return DagBag(dag_folder=str(ROOT / "dags"))
+
+
+@pytest.fixture(scope="session")
+def s3_servers(tmp_path_factory):
+    """Three S3 server processes, one per embedded cloud, each with bucket ``crosscloud``."""
+    from s3servers import S3Server
+
+    logs = tmp_path_factory.mktemp("s3-logs")
+    servers = {name: S3Server(name, logs) for name in ("beijing", "shanghai", "singapore")}
+    try:
+        for server in servers.values():
+            server.start()
+            server.make_bucket("crosscloud")
+        yield servers
+    finally:
+        for server in servers.values():
+            server.stop()

@@ -20,7 +20,7 @@ def _summaries(store, tenant: str) -> list[dict]:
 
 def latest_summary(tenant: str, run_id: str | None = None, federation: str | None = None) -> dict:
     """The summary of ``run_id``, or of the newest cross-cloud run of ``tenant``."""
-    store = open_store(load_federation(federation).local_cloud)
+    store = open_store(load_federation(federation).local_cloud, tenant)
     summaries = [s for s in _summaries(store, tenant) if (s["run_id"] == run_id if run_id else s["mode"] == "cross_cloud")]
     if not summaries:
         raise SystemExit(f"no finished run{' ' + run_id if run_id else ''} for tenant {tenant} in {store!r}")

@@ -2,8 +2,9 @@
 
 Writers put every object of a step first and COMMIT.json last; the commit names
 each object with its key, size and sha256. Readers verify all of them, so an
-uncommitted, truncated or corrupted object is never used. Writing the same step
-twice with the same content is harmless, which keeps task retries safe.
+uncommitted, truncated or corrupted object is never used. A commit is written
+once (a conditional write): repeating the same step with the same content is
+harmless, which keeps task retries safe, and a committed step never changes.
 """
 
 from __future__ import annotations
@@ -46,7 +47,10 @@ def write_step(
     for name, data in objects.items():
         entries[name] = put_object(store, f"{step}/{name}", data)
     commit = {"objects": entries, "meta": meta or {}}
-    store.put(f"{step}/{COMMIT}", json.dumps(commit, sort_keys=True).encode())
+    raw = json.dumps(commit, sort_keys=True).encode()
+    if not store.put_if_absent(f"{step}/{COMMIT}", raw) and store.get(f"{step}/{COMMIT}") != raw:
+        # a commit is written once: a retry may repeat it, nothing may change it
+        raise IntegrityError(f"cloud {store.cloud}: {step} is already committed with other content")
     return commit
 
 

@@ -17,13 +17,14 @@ from collections.abc import Callable
 import torch
 
 from crosscloud.backends import Backend, Handle, get_backend
-from crosscloud.compression import decode
 from crosscloud.commit import IntegrityError, read_commit, read_object, write_step
-from crosscloud.model import ModelConfig, build_model, evaluate
+from crosscloud.compression import decode
+from crosscloud.model import build_model, evaluate
 from crosscloud.outer import SYNCHRONOUS, OuterConfig, outer_step, weighted_mean
 from crosscloud.partition import rebalance_shares
 from crosscloud.plan import Plan
 from crosscloud.preheat import read_blob
+from crosscloud.presets import ModelConfig
 from crosscloud.storage import ObjectStore
 from crosscloud.tensors import from_bytes, to_bytes
 

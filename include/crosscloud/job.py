@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Literal
 
-from crosscloud.model import PRESETS
+from crosscloud.presets import PRESETS
 from crosscloud.names import validate_name
 
 MODES = ("cross_cloud", "single_cluster")
@@ -32,8 +32,8 @@ class JobSpec:
     seed: int = 0
     mode: Literal["cross_cloud", "single_cluster"] = "cross_cloud"
     inner_lr: float = 3e-3
-    outer_lr: float = 0.7
-    outer_momentum: float = 0.9
+    outer_lr: float = 1.0
+    outer_momentum: float = 0.0
     round_timeout_s: float = 600.0
     overlap: bool = True
     compression: Literal["int8", "none"] = "int8"

@@ -13,7 +13,7 @@ import threading
 import time
 
 from crosscloud.federation import Federation
-from crosscloud.storage import ObjectStore, open_store
+from crosscloud.storage import CHUNK, ObjectStore, open_store
 
 _LINKS: dict[tuple[str, str], EmulatedLink] = {}
 
@@ -34,6 +34,24 @@ class EmulatedLink:
             done = self._busy_until + self.rtt_s
             self.bytes_sent += nbytes
         time.sleep(max(0.0, done - time.monotonic()))
+
+
+class _Metered:
+    """A readable stream whose reads cost link time."""
+
+    def __init__(self, stream, link: EmulatedLink):
+        self.stream, self.link = stream, link
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return False
+
+    def read(self, n: int = -1) -> bytes:
+        data = self.stream.read(n)
+        self.link.transfer(len(data))
+        return data
 
 
 class LinkedStore(ObjectStore):
@@ -58,6 +76,18 @@ class LinkedStore(ObjectStore):
         self.link.transfer(len(data))
         return data
 
+    def put_stream(self, key: str, stream) -> None:
+        self.inner.put_stream(key, _Metered(stream, self.link))
+
+    def iter_chunks(self, key: str, chunk: int = CHUNK):
+        for data in self.inner.iter_chunks(key, chunk):
+            self.link.transfer(len(data))
+            yield data
+
+    def put_if_absent(self, key: str, data: bytes) -> bool:
+        self.link.transfer(len(data))
+        return self.inner.put_if_absent(key, data)
+
     def exists(self, key: str) -> bool:
         self.link.transfer(0)
         return self.inner.exists(key)
@@ -71,9 +101,9 @@ class LinkedStore(ObjectStore):
         self.inner.delete(key)
 
 
-def store_seen_from(fed: Federation, cloud: str, site: str) -> ObjectStore:
-    """``cloud``'s store as a process running on ``site`` reaches it: over the link between them."""
-    store = open_store(fed.cloud(cloud))
+def store_seen_from(fed: Federation, cloud: str, site: str, tenant: str) -> ObjectStore:
+    """``cloud``'s store, for ``tenant``, as a process running on ``site`` reaches it: over the link between them."""
+    store = open_store(fed.cloud(cloud), tenant)
     link = fed.link(cloud, site) if cloud != site else None
     if link is None or not link.emulate:
         return store

@@ -20,15 +20,17 @@ from crosscloud.backends import Handle, SubTaskSpec, get_backend
 from crosscloud.commit import read_commit, write_step
 from crosscloud.coordinator import Coordinator, load_global, load_history
 from crosscloud.corpus import build_corpus
+from crosscloud.credentials import credentials_env
 from crosscloud.federation import Federation, load_federation
 from crosscloud.federation import federation_path as resolve_federation_path
 from crosscloud.job import JobSpec
 from crosscloud.links import store_seen_from, wan_bytes
-from crosscloud.model import ModelConfig, build_model, evaluate, preset
+from crosscloud.model import build_model, evaluate
 from crosscloud.names import blob_key, validate_name
 from crosscloud.partition import PlacementError, partition
 from crosscloud.plan import BlobRef, Plan
 from crosscloud.preheat import TransferReport, copy_blob, put_blob, read_blob
+from crosscloud.presets import ModelConfig, preset
 from crosscloud.storage import open_store
 from crosscloud.tensors import to_bytes
 
@@ -48,7 +50,7 @@ class RunRef:
 
     def load(self) -> tuple[Federation, Plan]:
         fed = load_federation(self.federation_path)
-        return fed, Plan.load(open_store(fed.local_cloud), self.tenant, self.run_id)
+        return fed, Plan.load(open_store(fed.local_cloud, self.tenant), self.tenant, self.run_id)
 
 
 def free_devices(fed: Federation) -> dict[str, dict[str, int]]:
@@ -69,9 +71,9 @@ def _materialize_inputs(fed: Federation, spec: JobSpec, cfg: ModelConfig):
     """Put the dataset shards on the dataset's home cloud and the initial model on the local cloud."""
     ds = fed.dataset(spec.dataset)
     shards, held_out = build_corpus(ds.shards, spec.seed)
-    data_home = open_store(fed.cloud(ds.home))
+    data_home = open_store(fed.cloud(ds.home), spec.tenant)
     shard_refs = [put_blob(data_home, spec.tenant, s)[0] for s in shards]
-    home = open_store(fed.local_cloud)
+    home = open_store(fed.local_cloud, spec.tenant)
     held_ref, _ = put_blob(home, spec.tenant, held_out)
     init = build_model(cfg, spec.seed).state_dict()
     init_ref, _ = put_blob(home, spec.tenant, to_bytes(init))
@@ -115,7 +117,7 @@ def partition_stage(
         from crosscloud.tracking import Tracker
 
         plan.tracking = Tracker().start_job(plan, experiment, tags or {})
-    plan.save(open_store(fed.local_cloud))
+    plan.save(open_store(fed.local_cloud, spec.tenant))
     return RunRef(federation_path, spec.tenant, run_id)
 
 
@@ -123,17 +125,17 @@ def preheat_stage(ref: RunRef) -> dict:
     """Make every chosen cloud hold its plan, shards and the initial checkpoint (round 0)."""
     fed, plan = ref.load()
     report = TransferReport()
-    home = open_store(fed.local_cloud)
-    data_home = open_store(fed.cloud(fed.dataset(plan.dataset).home))
+    home = open_store(fed.local_cloud, plan.tenant)
+    data_home = open_store(fed.cloud(fed.dataset(plan.dataset).home), plan.tenant)
     for cloud in plan.clouds:
-        store = store_seen_from(fed, cloud.name, fed.local_cloud.name)
+        store = store_seen_from(fed, cloud.name, fed.local_cloud.name, plan.tenant)
         for i in cloud.shards:
             copy_blob(data_home, store, plan.tenant, plan.shards[i], report)
         copy_blob(home, store, plan.tenant, plan.init, report)
         plan.save(store)
     round0 = plan.keys.global_step(0)
     init_entry = {"key": blob_key(plan.tenant, plan.init.sha256), "size": plan.init.size, "sha256": plan.init.sha256}
-    stores = [open_store(fed.cloud(c.name)) for c in plan.clouds if c.name != fed.local_cloud.name] + [home]
+    stores = [open_store(fed.cloud(c.name), plan.tenant) for c in plan.clouds if c.name != fed.local_cloud.name] + [home]
     for store in stores:  # the coordinator's own store last: its commit marks the round published
         if read_commit(store, round0) is None:
             write_step(store, round0, {}, refs={"params.safetensors": init_entry}, meta={"round": -1, "published_at": time.time()})
@@ -142,20 +144,21 @@ def preheat_stage(ref: RunRef) -> dict:
     return result
 
 
-def subtask_spec(plan: Plan, cloud: str) -> SubTaskSpec:
-    """What the sub-task of ``cloud`` runs, whatever backend starts it."""
+def subtask_spec(plan: Plan, cloud: str, env: dict[str, str] | None = None) -> SubTaskSpec:
+    """What the sub-task of ``cloud`` runs, whatever backend starts it; ``env`` carries its credentials."""
     me = plan.cloud(cloud)
     args = ["--tenant", plan.tenant, "--run-id", plan.run_id, "--cloud", cloud, "--federation", plan.federation_path]
     return SubTaskSpec(
         tenant=plan.tenant, run_id=plan.run_id, cloud=cloud, image=me.image, accelerator=me.accelerator,
-        devices=me.devices, args=args,
+        devices=me.devices, args=args, env=env or {},
     )
 
 
 def dispatch_stage(ref: RunRef, cloud: str) -> Handle:
     """Start one cloud's sub-task and return at once with its handle."""
-    _, plan = ref.load()
-    return get_backend(plan.cloud(cloud).method).start(subtask_spec(plan, cloud))
+    fed, plan = ref.load()
+    spec = subtask_spec(plan, cloud, env=credentials_env(fed.cloud(cloud), plan.tenant))
+    return get_backend(plan.cloud(cloud).method).start(spec)
 
 
 def run_handles(ref: RunRef) -> list[Handle]:
@@ -169,7 +172,7 @@ def stop_run(ref: RunRef, handles: list[Handle]) -> None:
     """Tell every sub-task to stop (a STOP marker in each store) and stop the ones still running."""
     fed, plan = ref.load()
     for cloud in plan.clouds:
-        open_store(fed.cloud(cloud.name)).put(plan.keys.stop, b"stopped by the coordinator\n")
+        open_store(fed.cloud(cloud.name), plan.tenant).put(plan.keys.stop, b"stopped by the coordinator\n")
     for handle in handles:
         get_backend(handle["backend"]).stop(handle)
 
@@ -177,7 +180,7 @@ def stop_run(ref: RunRef, handles: list[Handle]) -> None:
 def sync_stage(ref: RunRef, handles: list[Handle], log: Log = print) -> list[dict]:
     """Run the coordinator; on failure stop the sub-tasks so nothing trains on unattended."""
     fed, plan = ref.load()
-    stores = {c.name: store_seen_from(fed, c.name, plan.coordinator_cloud) for c in plan.clouds}
+    stores = {c.name: store_seen_from(fed, c.name, plan.coordinator_cloud, plan.tenant) for c in plan.clouds}
     tracker = None
     if plan.tracking:
         from crosscloud.tracking import Tracker
@@ -248,7 +251,7 @@ def aggregate_stage(ref: RunRef, handles: list[Handle], experiment: str | None =
                     compare_baseline: bool = True) -> dict:
     """Final model and evaluation, whole-run metrics, the baseline gap; closes the MLflow runs."""
     fed, plan = ref.load()
-    spec, home = plan.spec, open_store(fed.local_cloud)
+    spec, home = plan.spec, open_store(fed.local_cloud, plan.tenant)
     _wait_for_exit(handles)
     history = load_history(home, plan)
     if len(history) != spec.rounds:

@@ -6,12 +6,14 @@ are never sent again, and every copy is verified by its digest on arrival.
 
 from __future__ import annotations
 
+import hashlib
+import time
 from dataclasses import dataclass, field
 
 from crosscloud.commit import IntegrityError, sha256
 from crosscloud.names import blob_key
 from crosscloud.plan import BlobRef
-from crosscloud.storage import ObjectStore
+from crosscloud.storage import ObjectStore, StoreError
 
 
 @dataclass
@@ -62,15 +64,63 @@ def read_blob(store: ObjectStore, tenant: str, ref: BlobRef) -> bytes:
     return data
 
 
+class _HashingReader:
+    """A file-like view of a stream of chunks that hashes and counts what passes through."""
+
+    def __init__(self, chunks):
+        self._chunks, self._buf = iter(chunks), b""
+        self.hash, self.size = hashlib.sha256(), 0
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return False
+
+    def read(self, n: int = -1) -> bytes:
+        while n < 0 or len(self._buf) < n:
+            chunk = next(self._chunks, None)
+            if chunk is None:
+                break
+            self._buf = self._buf + chunk if self._buf else chunk
+        if n < 0 or n >= len(self._buf):
+            out, self._buf = self._buf, b""
+        else:
+            view = memoryview(self._buf)
+            out, self._buf = bytes(view[:n]), bytes(view[n:])
+        self.hash.update(out)
+        self.size += len(out)
+        return out
+
+
+def stream_copy(src: ObjectStore, dst: ObjectStore, key: str, ref: BlobRef, attempts: int = 5) -> None:
+    """Stream one object from ``src`` to ``dst`` (never whole in memory), verified on arrival.
+
+    A failed attempt starts again from the source; a copy whose digest does not
+    match is deleted, never left for a reader.
+    """
+    for attempt in range(1, attempts + 1):
+        reader = _HashingReader(src.iter_chunks(key))
+        try:
+            dst.put_stream(key, reader)
+        except StoreError:
+            if attempt == attempts:
+                raise
+            time.sleep(min(2.0**attempt, 10.0))
+            continue
+        if reader.size != ref.size or reader.hash.hexdigest() != ref.sha256:
+            dst.delete(key)
+            raise IntegrityError(
+                f"cloud {src.cloud}: {key} is corrupted at the source (size {reader.size} of {ref.size}); not copied to {dst.cloud}"
+            )
+        return
+
+
 def copy_blob(src: ObjectStore, dst: ObjectStore, tenant: str, ref: BlobRef, report: TransferReport) -> None:
-    """Make ``dst`` hold the blob, sending it from ``src`` only if it is missing or damaged."""
+    """Make ``dst`` hold the blob, sending it from ``src`` only if it is missing."""
     key = blob_key(tenant, ref.sha256)
     if dst.exists(key):
-        try:
-            read_blob(dst, tenant, ref)
-            report.add(dst.cloud, ref.size, sent=False)
-            return
-        except IntegrityError:
-            dst.delete(key)  # a damaged copy is replaced, never trusted
-    dst.put(key, read_blob(src, tenant, ref))
+        report.add(dst.cloud, ref.size, sent=False)
+        return
+    stream_copy(src, dst, key, ref)
     report.add(dst.cloud, ref.size, sent=True)

@@ -8,10 +8,16 @@ object. Other schemes register here under their URL scheme.
 from __future__ import annotations
 
 import os
+import shutil
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
+from typing import BinaryIO
 
 from crosscloud.federation import Cloud
+
+
+CHUNK = 8 * 1024 * 1024
 
 
 class StoreError(RuntimeError):
@@ -31,6 +37,18 @@ class ObjectStore:
         raise NotImplementedError
 
     def get(self, key: str) -> bytes:
+        raise NotImplementedError
+
+    def put_stream(self, key: str, stream: BinaryIO) -> None:
+        """Write an object read from ``stream`` without holding it whole in memory."""
+        raise NotImplementedError
+
+    def iter_chunks(self, key: str, chunk: int = CHUNK) -> Iterator[bytes]:
+        """An object's bytes, ``chunk`` at a time."""
+        raise NotImplementedError
+
+    def put_if_absent(self, key: str, data: bytes) -> bool:
+        """Create ``key`` only if it does not exist; False if it already did."""
         raise NotImplementedError
 
     def exists(self, key: str) -> bool:
@@ -76,6 +94,40 @@ class LocalStore(ObjectStore):
         except FileNotFoundError:
             raise ObjectNotFound(f"cloud {self.cloud}: no object {key!r} under {self.root}") from None
 
+    def put_stream(self, key: str, stream: BinaryIO) -> None:
+        path = self._path(key)
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-")
+            with os.fdopen(fd, "wb") as fh:
+                shutil.copyfileobj(stream, fh, CHUNK)
+            os.replace(tmp, path)
+        except OSError as exc:
+            raise StoreError(f"cloud {self.cloud}: cannot write {key!r} under {self.root}: {exc}") from exc
+
+    def iter_chunks(self, key: str, chunk: int = CHUNK) -> Iterator[bytes]:
+        try:
+            fh = open(self._path(key), "rb")
+        except FileNotFoundError:
+            raise ObjectNotFound(f"cloud {self.cloud}: no object {key!r} under {self.root}") from None
+        with fh:
+            while data := fh.read(chunk):
+                yield data
+
+    def put_if_absent(self, key: str, data: bytes) -> bool:
+        path = self._path(key)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-")
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data)
+        try:
+            os.link(tmp, path)  # atomic and exclusive: fails if the key exists
+            return True
+        except FileExistsError:
+            return False
+        finally:
+            os.unlink(tmp)
+
     def exists(self, key: str) -> bool:
         return self._path(key).is_file()
 
@@ -98,10 +150,64 @@ def state_dir() -> Path:
     return Path(os.environ.get("CROSSCLOUD_STATE_DIR", default)).resolve()
 
 
-def open_store(cloud: Cloud) -> ObjectStore:
-    """The object store of ``cloud``; relative ``file://`` paths live in the state folder."""
+class TenantStore(ObjectStore):
+    """A store seen through one tenant's eyes: every key must lie under ``<tenant>/``."""
+
+    def __init__(self, inner: ObjectStore, tenant: str):
+        self.inner, self.tenant, self.cloud = inner, tenant, inner.cloud
+
+    def __repr__(self) -> str:
+        return f"TenantStore({self.tenant!r}, {self.inner!r})"
+
+    def _check(self, key: str) -> str:
+        if not key.startswith(f"{self.tenant}/") or ".." in key.split("/"):
+            raise StoreError(f"cloud {self.cloud}: tenant {self.tenant} may not touch {key!r}")
+        return key
+
+    def put(self, key: str, data: bytes) -> None:
+        self.inner.put(self._check(key), data)
+
+    def get(self, key: str) -> bytes:
+        return self.inner.get(self._check(key))
+
+    def put_stream(self, key: str, stream: BinaryIO) -> None:
+        self.inner.put_stream(self._check(key), stream)
+
+    def iter_chunks(self, key: str, chunk: int = CHUNK) -> Iterator[bytes]:
+        return self.inner.iter_chunks(self._check(key), chunk)
+
+    def put_if_absent(self, key: str, data: bytes) -> bool:
+        return self.inner.put_if_absent(self._check(key), data)
+
+    def exists(self, key: str) -> bool:
+        return self.inner.exists(self._check(key))
+
+    def list(self, prefix: str) -> list[str]:
+        return self.inner.list(self._check(prefix))
+
+    def delete(self, key: str) -> None:
+        self.inner.delete(self._check(key))
+
+
+def open_store(cloud: Cloud, tenant: str | None = None) -> ObjectStore:
+    """The object store of ``cloud``, scoped to ``tenant``'s prefix and credentials when given.
+
+    Relative ``file://`` paths live in the state folder; ``s3://bucket/prefix``
+    uses the cloud's endpoint and the tenant's credentials (see credentials.py).
+    """
     url = cloud.store.url
     if url.startswith("file://"):
         path = Path(url.removeprefix("file://"))
-        return LocalStore(path if path.is_absolute() else state_dir() / path, cloud=cloud.name)
-    raise StoreError(f"cloud {cloud.name}: store scheme of {url!r} is not supported yet (file:// only)")
+        store: ObjectStore = LocalStore(path if path.is_absolute() else state_dir() / path, cloud=cloud.name)
+    elif url.startswith("s3://"):
+        from crosscloud.credentials import store_credentials
+        from crosscloud.s3 import S3Store
+
+        bucket, _, prefix = url.removeprefix("s3://").partition("/")
+        store = S3Store(
+            cloud.name, bucket, prefix, endpoint_url=cloud.store.endpoint_url, region=cloud.store.region,
+            addressing_style=cloud.store.addressing_style, credentials=store_credentials(cloud, tenant),
+        )
+    else:
+        raise StoreError(f"cloud {cloud.name}: store scheme of {url!r} is not supported (file:// or s3://)")
+    return TenantStore(store, tenant) if tenant else store

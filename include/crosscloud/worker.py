@@ -20,14 +20,15 @@ import zlib
 import torch
 import torch.distributed as dist
 
-from crosscloud.compression import ErrorFeedback
 from crosscloud.commit import put_object, read_commit, read_object, write_step
+from crosscloud.compression import ErrorFeedback
 from crosscloud.federation import load_federation
-from crosscloud.model import ModelConfig, build_model, lm_loss
+from crosscloud.model import build_model, lm_loss
 from crosscloud.model import batches as sample_batches
 from crosscloud.partition import apportion
 from crosscloud.plan import Plan
 from crosscloud.preheat import read_blob
+from crosscloud.presets import ModelConfig
 from crosscloud.storage import ObjectStore, open_store
 from crosscloud.tensors import from_bytes, to_bytes
 
@@ -148,7 +149,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--federation", default=None)
     args = parser.parse_args(argv)
     fed = load_federation(args.federation)
-    store = open_store(fed.cloud(args.cloud))
+    store = open_store(fed.cloud(args.cloud), args.tenant)
     plan = Plan.load(store, args.tenant, args.run_id)
     try:
         train(plan, args.cloud, store)

@@ -19,9 +19,12 @@ def _handles(handles: Any) -> list[dict]:
     return [handles[i] for i in range(len(handles))]
 
 
-def _ref(run: dict):
+def run_ref(run: dict):
+    """The engine's handle on a run, with store credentials taken from Airflow Connections."""
     from crosscloud.pipeline import RunRef
+    from crosscloud_airflow.connections import use_airflow_connections
 
+    use_airflow_connections()
     return RunRef(**run)
 
 
@@ -39,7 +42,7 @@ class LocalSubTaskOperator(BaseOperator):
     def execute(self, context) -> dict:
         from crosscloud.pipeline import dispatch_stage
 
-        handle = dispatch_stage(_ref(self.run), self.cloud)
+        handle = dispatch_stage(run_ref(self.run), self.cloud)
         self.log.info("cloud %s: sub-task started, pid %s, log %s", self.cloud, handle["pid"], handle["log"])
         return handle
 
@@ -58,11 +61,11 @@ class SyncCheckpointsOperator(BaseOperator):
     def execute(self, context) -> list[dict]:
         from crosscloud.pipeline import sync_stage
 
-        history = sync_stage(_ref(self.run), _handles(self.handles), log=self.log.info)
+        history = sync_stage(run_ref(self.run), _handles(self.handles), log=self.log.info)
         return [{k: v for k, v in r.items() if k not in ("clouds", "shares", "next_shares")} for r in history]
 
     def on_kill(self) -> None:
         from crosscloud.pipeline import stop_run
 
         self.log.info("coordinator killed: stopping every sub-task of the run")
-        stop_run(_ref(self.run), _handles(self.handles))
+        stop_run(run_ref(self.run), _handles(self.handles))

@@ -34,8 +34,11 @@ def test_cross_cloud_training_stages_and_params(dagbag):
     for before, after in zip(order, order[1:]):
         assert after in dag.get_task(before).get_flat_relative_ids(upstream=False), f"{before} must precede {after}"
     params = dag.params.dump()
-    assert params["rounds"] > 0 and params["mode"] == "cross_cloud"
     assert dag.params.get_param("model_size").schema["enum"] == ["tiny", "small", "base", "large"]
+    # every job field is a Param with the engine's default: the DAG runs what the benchmarks measure
+    from crosscloud.job import JobSpec
+
+    assert params == JobSpec().to_dict()
 
 
 PARSE = """

@@ -1,0 +1,33 @@
+"""Model sizes a job can ask for; light enough to import at DAG parse time."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    d_model: int
+    n_layers: int
+    n_heads: int
+    seq_len: int
+    vocab: int = 256
+    family: str = "byte-lm"
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+PRESETS = {
+    "tiny": ModelConfig(d_model=64, n_layers=2, n_heads=4, seq_len=64),
+    "small": ModelConfig(d_model=128, n_layers=2, n_heads=4, seq_len=128),
+    "base": ModelConfig(d_model=256, n_layers=4, n_heads=8, seq_len=128),
+    "large": ModelConfig(d_model=512, n_layers=6, n_heads=8, seq_len=128),
+}
+
+
+def preset(name: str) -> ModelConfig:
+    try:
+        return PRESETS[name]
+    except KeyError:
+        raise ValueError(f"unknown model size {name!r}; choose one of {sorted(PRESETS)}") from None
