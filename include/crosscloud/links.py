@@ -15,7 +15,7 @@ import time
 from crosscloud.federation import Federation
 from crosscloud.storage import CHUNK, ObjectStore, open_store
 
-_LINKS: dict[tuple[str, str], EmulatedLink] = {}
+_LINKS: dict[tuple, EmulatedLink] = {}
 
 
 class EmulatedLink:
@@ -107,7 +107,7 @@ def store_seen_from(fed: Federation, cloud: str, site: str, tenant: str) -> Obje
     link = fed.link(cloud, site) if cloud != site else None
     if link is None or not link.emulate:
         return store
-    key = tuple(sorted((cloud, site)))
+    key = (*sorted((cloud, site)), link.bandwidth_mbps, link.latency_ms)  # one shared queue per link
     if key not in _LINKS:
         _LINKS[key] = EmulatedLink(link.bandwidth_mbps, link.latency_ms)
     return LinkedStore(store, _LINKS[key])

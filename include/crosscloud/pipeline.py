@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import torch
 
 from crosscloud import baseline
-from crosscloud.backends import Handle, SubTaskSpec, get_backend
+from crosscloud.backends import Handle, SubTaskError, SubTaskSpec, get_backend
 from crosscloud.commit import read_commit, write_step
 from crosscloud.coordinator import Coordinator, load_global, load_history
 from crosscloud.corpus import build_corpus
@@ -59,7 +59,7 @@ def free_devices(fed: Federation) -> dict[str, dict[str, int]]:
     for method in {c.access.method for c in fed.clouds}:
         try:
             used.update(get_backend(method).used_devices())
-        except Exception:  # a method without an engine backend reports nothing here
+        except SubTaskError:  # a method without an engine backend reports nothing here
             continue
     return {
         c.name: {p.accelerator: p.count - used.get(c.name, {}).get(p.accelerator, 0) for p in c.pools}

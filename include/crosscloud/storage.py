@@ -7,6 +7,7 @@ object. Other schemes register here under their URL scheme.
 
 from __future__ import annotations
 
+import io
 import os
 import shutil
 import tempfile
@@ -77,16 +78,20 @@ class LocalStore(ObjectStore):
             raise StoreError(f"cloud {self.cloud}: key {key!r} escapes the store root")
         return path
 
-    def put(self, key: str, data: bytes) -> None:
+    def _staged(self, key: str, stream: BinaryIO) -> tuple[Path, str]:
+        """Write ``stream`` to a temporary file beside ``key``'s path; returns (path, temporary)."""
         path = self._path(key)
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
             fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-")
             with os.fdopen(fd, "wb") as fh:
-                fh.write(data)
-            os.replace(tmp, path)
+                shutil.copyfileobj(stream, fh, CHUNK)
         except OSError as exc:
             raise StoreError(f"cloud {self.cloud}: cannot write {key!r} under {self.root}: {exc}") from exc
+        return path, tmp
+
+    def put(self, key: str, data: bytes) -> None:
+        self.put_stream(key, io.BytesIO(data))
 
     def get(self, key: str) -> bytes:
         try:
@@ -95,15 +100,8 @@ class LocalStore(ObjectStore):
             raise ObjectNotFound(f"cloud {self.cloud}: no object {key!r} under {self.root}") from None
 
     def put_stream(self, key: str, stream: BinaryIO) -> None:
-        path = self._path(key)
-        try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-")
-            with os.fdopen(fd, "wb") as fh:
-                shutil.copyfileobj(stream, fh, CHUNK)
-            os.replace(tmp, path)
-        except OSError as exc:
-            raise StoreError(f"cloud {self.cloud}: cannot write {key!r} under {self.root}: {exc}") from exc
+        path, tmp = self._staged(key, stream)
+        os.replace(tmp, path)  # atomic: a reader sees the old object or the new one, never half
 
     def iter_chunks(self, key: str, chunk: int = CHUNK) -> Iterator[bytes]:
         try:
@@ -115,11 +113,7 @@ class LocalStore(ObjectStore):
                 yield data
 
     def put_if_absent(self, key: str, data: bytes) -> bool:
-        path = self._path(key)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-")
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(data)
+        path, tmp = self._staged(key, io.BytesIO(data))
         try:
             os.link(tmp, path)  # atomic and exclusive: fails if the key exists
             return True
