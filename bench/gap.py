@@ -117,7 +117,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--no-overlap", action="store_true", help="blocking rounds, to see what overlapping buys")
     p.add_argument("--compression", default="int8", choices=["int8", "none"])
+    p.add_argument("--repeats", type=int, default=3, help="run each configuration this many times, interleaved, and average")
     p.add_argument("--sweep", action="store_true", help="add the gap over model sizes and link bandwidths")
+    p.add_argument("--sweep-sizes", nargs="+", default=["tiny", "small", "base"])
+    p.add_argument("--sweep-bandwidths", nargs="+", type=float, default=[10.0, 100.0, 1000.0], metavar="MBPS")
     p.add_argument("--verbose", action="store_true")
     args = p.parse_args(argv)
     log = print if args.verbose else (lambda msg: None)
@@ -129,13 +132,16 @@ def main(argv: list[str] | None = None) -> int:
     fed = write_federation(folder, args.bandwidth_mbps, args.rtt_ms)
     print(f"link {args.bandwidth_mbps:g} Mbit/s, {args.rtt_ms:g} ms RTT; model {args.model_size}, "
           f"{args.rounds} rounds x {args.inner_steps} steps, global batch {args.global_batch}", flush=True)
-    results = {}
-    for name in CONFIGS:
-        results[name] = run_config(name, base, fed, tag, log)
-        print(f"  {name}: {1000 * results[name]['mean_s']:.1f} ms/step, eval loss {results[name]['loss']:.4f}", flush=True)
+    runs: dict[str, list[dict]] = {name: [] for name in CONFIGS}
+    for i in range(args.repeats):  # interleaved, so that a slow spell of the machine hits every configuration
+        for name in CONFIGS:
+            runs[name].append(run_config(name, base, fed, f"{tag}-{i}", log))
+            r = runs[name][-1]
+            print(f"  {name} (run {i + 1}/{args.repeats}): {1000 * r['mean_s']:.1f} ms/step, eval loss {r['loss']:.4f}", flush=True)
+    results = {name: {k: statistics.mean(r[k] for r in rs) for k in rs[0]} for name, rs in runs.items()}
     print(table(results))
     if args.sweep:
-        print(sweep(base, folder, tag, args.rtt_ms, log))
+        print(sweep(base, folder, tag, args.rtt_ms, log, args.sweep_sizes, args.sweep_bandwidths))
     one, two, three = results["single_sync"], results["single_rounds"], results["cross_cloud"]
     print(
         f"iteration_time_gap_pct={gap_pct(three['mean_s'], one['mean_s']):.2f} "
@@ -145,9 +151,8 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def sweep(base: dict, folder: Path, tag: str, rtt: float, log) -> str:
+def sweep(base: dict, folder: Path, tag: str, rtt: float, log, sizes: list[str], bandwidths: list[float]) -> str:
     """Gap of cross-cloud against single-cluster sync over model sizes x link bandwidths."""
-    sizes, bandwidths = ["tiny", "small", "base"], [1.0, 10.0, 100.0, 1000.0]
     short = {**base, "rounds": 6, "inner_steps": 20}
     lines = [f"sweep ({short['rounds']} rounds x {short['inner_steps']} steps): iteration-time gap % vs single-cluster sync",
              f"{'model':<8}" + "".join(f"{f'{b:g} Mbit/s':>14}" for b in bandwidths)]
