@@ -10,7 +10,6 @@ cloud, bucket and key named.
 
 from __future__ import annotations
 
-import ctypes
 import io
 import time
 from collections.abc import Callable, Iterator
@@ -25,17 +24,6 @@ PERMANENT = {
     "AllAccessDisabled", "AccountProblem", "InvalidArgument", "MethodNotAllowed",
 }
 NOT_FOUND = {"NoSuchKey", "404", "NotFound"}
-
-
-def _release_large_buffers() -> None:
-    """Serve allocations of 1 MiB and more straight from the OS (glibc), so that freed transfer
-    chunks go back to it. glibc otherwise raises its mmap threshold after the first freed chunk
-    and keeps later ones in per-thread heaps, where parallel part uploads pile up hundreds of MB."""
-    try:
-        libc = ctypes.CDLL("libc.so.6")
-    except OSError:  # not glibc: nothing to tune
-        return
-    libc.mallopt(-3, 1 << 20)  # M_MMAP_THRESHOLD; setting it also turns off the dynamic raise
 
 
 class S3Store(ObjectStore):
@@ -54,7 +42,6 @@ class S3Store(ObjectStore):
         from boto3.s3.transfer import TransferConfig
         from botocore.config import Config
 
-        _release_large_buffers()
         self.cloud, self.bucket, self.prefix = cloud, bucket, prefix.strip("/")
         self.retry_deadline_s = retry_deadline_s
         config = Config(
