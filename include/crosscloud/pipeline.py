@@ -28,7 +28,7 @@ from crosscloud.links import store_seen_from, wan_bytes
 from crosscloud.model import build_model, evaluate
 from crosscloud.names import blob_key, validate_name
 from crosscloud.partition import PlacementError, partition
-from crosscloud.plan import BlobRef, Plan
+from crosscloud.plan import Plan
 from crosscloud.preheat import TransferReport, copy_blob, put_blob, read_blob
 from crosscloud.presets import ModelConfig, preset
 from crosscloud.storage import open_store

@@ -9,7 +9,6 @@ import torch
 
 from crosscloud.commit import IntegrityError, read_commit, write_step
 from crosscloud.coordinator import Coordinator, SubTaskLost, load_global
-from crosscloud.federation import load_federation
 from crosscloud.job import JobSpec
 from crosscloud.pipeline import partition_stage, preheat_stage
 from crosscloud.storage import open_store
