@@ -127,18 +127,20 @@ def preheat_stage(ref: RunRef) -> dict:
     report = TransferReport()
     home = open_store(fed.local_cloud, plan.tenant)
     data_home = open_store(fed.cloud(fed.dataset(plan.dataset).home), plan.tenant)
+    stores = {c.name: store_seen_from(fed, c.name, fed.local_cloud.name, plan.tenant) for c in plan.clouds}
     for cloud in plan.clouds:
-        store = store_seen_from(fed, cloud.name, fed.local_cloud.name, plan.tenant)
+        store = stores[cloud.name]
         for i in cloud.shards:
             copy_blob(data_home, store, plan.tenant, plan.shards[i], report)
         copy_blob(home, store, plan.tenant, plan.init, report)
         plan.save(store)
     round0 = plan.keys.global_step(0)
     init_entry = {"key": blob_key(plan.tenant, plan.init.sha256), "size": plan.init.size, "sha256": plan.init.sha256}
-    stores = [open_store(fed.cloud(c.name), plan.tenant) for c in plan.clouds if c.name != fed.local_cloud.name] + [home]
-    for store in stores:  # the coordinator's own store last: its commit marks the round published
+    meta = {"round": -1, "published_at": time.time()}
+    # the coordinator's own store last: its commit marks the round published
+    for store in [s for name, s in stores.items() if name != fed.local_cloud.name] + [home]:
         if read_commit(store, round0) is None:
-            write_step(store, round0, {}, refs={"params.safetensors": init_entry}, meta={"round": -1, "published_at": time.time()})
+            write_step(store, round0, {}, refs={"params.safetensors": init_entry}, meta=meta)
     result = report.to_dict()
     home.put(f"{plan.keys.root}/preheat.json", json.dumps(result, indent=2).encode())
     return result
@@ -189,7 +191,8 @@ def sync_stage(ref: RunRef, handles: list[Handle], log: Log = print) -> list[dic
     sent = [wan_bytes()]
 
     def on_round(record: dict) -> None:
-        record["wan_bytes"], sent[0] = wan_bytes() - sent[0], wan_bytes()
+        now = wan_bytes()
+        record["wan_bytes"], sent[0] = now - sent[0], now
         if tracker:
             tracker.log_round(plan, record)
 
