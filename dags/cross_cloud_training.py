@@ -3,10 +3,17 @@
 
 One training job split over several sovereign clouds that train together.
 
-1. **partition** chooses the clouds (tenant quota, adapted images, free devices),
-   gives each a share of the global batch proportional to its effective
-   throughput and assigns data shards within their jurisdictions. The plan is
-   written to the run's `plan.json` in the local cloud's store.
+1. **admit** places the job over the live inventory and reserves its devices
+   in the reservation ledger, in one transaction: hard constraints (tenant
+   quota, adapted images, residency, draining or unjoined clouds), then with
+   `placement = spread` every eligible cloud, with `placement = auto` the
+   cloud or split that finishes soonest for its cost and the network's
+   balance. While the devices are taken it waits (rescheduling itself, no
+   worker slot held) and the next try may choose another cloud: the job is
+   forwarded there with its data. It gives each cloud a share of the global
+   batch proportional to its effective throughput and data shards within
+   their jurisdictions, and writes the plan, with every cloud's verdict, to
+   the run's `plan.json` and to MLflow.
 2. **preheat** copies the initial checkpoint and each cloud's shards into that
    cloud's store, content-addressed: bytes already there are never sent again.
 3. **dispatch_local** (one mapped task per cloud) starts each sub-task and
@@ -18,8 +25,8 @@ One training job split over several sovereign clouds that train together.
    committed round.
 5. **aggregate** writes and evaluates the final model, measures the
    iteration-time gap against the single-cluster baseline and closes the
-   MLflow runs. **cleanup** (a teardown) stops any sub-task still running,
-   whatever happened.
+   MLflow runs. **cleanup** (a teardown) stops any sub-task still running and
+   releases the run's reservation, whatever happened.
 
 Trigger with `mode = single_cluster` to record a baseline on one cloud.
 """
@@ -28,8 +35,8 @@ from __future__ import annotations
 
 from datetime import datetime, timedelta
 
-from airflow.sdk import Param, dag, get_current_context, task
-from crosscloud.job import MODES, JobSpec
+from airflow.sdk import Param, PokeReturnValue, dag, get_current_context, task
+from crosscloud.job import MODES, PLACEMENTS, JobSpec
 from crosscloud.presets import PRESETS
 from crosscloud_airflow.operators import LocalSubTaskOperator, SyncCheckpointsOperator, run_ref
 
@@ -56,7 +63,12 @@ JOB = JobSpec()  # the Params' defaults are the engine's, so the DAG runs what b
         "inner_steps": Param(JOB.inner_steps, type="integer", minimum=1, maximum=10000, description="Inner steps per round (H)."),
         "model_size": Param(JOB.model_size, enum=sorted(PRESETS, key=lambda n: PRESETS[n].d_model), description="Model preset."),
         "global_batch": Param(JOB.global_batch, type="integer", minimum=1, description="Sequences per inner step over all clouds."),
-        "devices_per_cloud": Param(JOB.devices_per_cloud, type="integer", minimum=1, description="Devices each cloud's sub-task uses."),
+        "devices_per_cloud": Param(JOB.devices_per_cloud, type="integer", minimum=1, description="Devices each cloud's sub-task uses (placement spread, single_cluster)."),
+        "placement": Param(
+            JOB.placement, enum=list(PLACEMENTS),
+            description="spread: every eligible cloud trains; auto: crosscloud chooses one cloud or a split for `devices`.",
+        ),
+        "devices": Param(JOB.devices, type="integer", minimum=1, description="Devices in all (placement auto)."),
         "dataset": Param(JOB.dataset, type="string", description="Dataset of the federation to train on."),
         "seed": Param(JOB.seed, type="integer", minimum=0, description="Seed of data selection, init and sampling."),
         "mode": Param(
@@ -72,21 +84,26 @@ JOB = JobSpec()  # the Params' defaults are the engine's, so the DAG runs what b
     },
 )
 def cross_cloud_training():
-    @task
-    def partition() -> dict:
-        from crosscloud.pipeline import partition_stage
+    @task.sensor(poke_interval=15, timeout=6 * 3600, mode="reschedule")
+    def admit() -> PokeReturnValue:
+        from crosscloud.admission import NotAdmitted
+        from crosscloud.pipeline import admit_stage
         from crosscloud_airflow.connections import use_airflow_connections
 
         use_airflow_connections()
         ctx = get_current_context()
         spec = JobSpec.from_params(dict(ctx["params"]))
-        ref = partition_stage(spec, ctx["run_id"], experiment=DAG_ID, tags={"airflow.dag_id": DAG_ID, "airflow.run_id": ctx["run_id"]})
+        try:
+            ref = admit_stage(spec, ctx["run_id"], experiment=DAG_ID, tags={"airflow.dag_id": DAG_ID, "airflow.run_id": ctx["run_id"]})
+        except NotAdmitted as waiting:
+            print(f"not admitted yet, trying again in 15 s: {waiting}")
+            return PokeReturnValue(is_done=False)
         _, plan = ref.load()
         for c in plan.candidates:
-            print(f"placement {c.cloud}: {'chosen' if c.chosen else 'rejected'} - {c.reason}")
+            print(f"placement {c.cloud}/{c.accelerator}: {'chosen' if c.chosen else 'not chosen'} - {c.reason}")
         for c in plan.clouds:
             print(f"cloud {c.name}: share {c.share}/{spec.global_batch}, shards {c.shards}, {c.devices} x {c.accelerator}")
-        return ref.to_dict()
+        return PokeReturnValue(is_done=True, xcom_value=ref.to_dict())
 
     @task
     def preheat(run: dict) -> dict:
@@ -112,13 +129,14 @@ def cross_cloud_training():
 
     @task(trigger_rule="all_done")
     def cleanup(run: dict) -> None:
-        """Stop every sub-task of the run still alive, whatever the other tasks did."""
-        from crosscloud.pipeline import run_handles, stop_run
+        """Stop every sub-task of the run still alive and give its devices back, whatever the other tasks did."""
+        from crosscloud.pipeline import release_stage, run_handles, stop_run
 
         ref = run_ref(run)
         stop_run(ref, run_handles(ref))
+        print(f"released {release_stage(ref)} reserved device(s)")
 
-    run = partition()
+    run = admit()
     preheated = preheat(run)
     local_clouds = clouds_of(run, "local")
     preheated >> local_clouds

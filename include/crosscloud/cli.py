@@ -1,4 +1,4 @@
-"""The ``crosscloud`` command line: read what runs left in the local cloud's store."""
+"""The ``crosscloud`` command line: the global inventory, cloud membership, and what runs left behind."""
 
 from __future__ import annotations
 
@@ -6,7 +6,10 @@ import argparse
 import json
 import sys
 
+from crosscloud import membership
 from crosscloud.federation import load_federation
+from crosscloud.inventory import collect
+from crosscloud.ledger import Ledger
 from crosscloud.storage import open_store
 
 
@@ -66,6 +69,17 @@ where to look (same state folder):
 """
 
 
+def _cloud(args) -> int:
+    fed = load_federation(args.federation)
+    if args.action == "join":
+        ok, detail = membership.join(fed, args.name)
+        print(f"{args.name}: join check {'passed' if ok else 'FAILED'}: {detail}")
+        return 0 if ok else 1
+    getattr(membership, args.action)(fed, args.name)
+    print(f"{args.name}: {'draining (no new sub-tasks)' if args.action == 'drain' else 'active'}")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="crosscloud", description="crosscloud: training across sovereign clouds")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -76,7 +90,27 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--json", action="store_true", help="print the whole summary as JSON")
     p.add_argument("--demo", action="store_true", help="end with the demo's machine-readable line and check it")
     p.add_argument("--min-loss-drop", type=float, default=0.3, help="with --demo: required relative eval-loss drop")
+    p = sub.add_parser("inventory", help="every cloud's pools, use and state; tenants' use against quota")
+    p.add_argument("--tenant", help="show only this tenant's use and runs")
+    p.add_argument("--federation")
+    p.add_argument("--json", action="store_true")
+    p = sub.add_parser("cloud", help="join (check and admit), drain or activate a cloud at runtime")
+    p.add_argument("action", choices=["join", "drain", "activate"])
+    p.add_argument("name")
+    p.add_argument("--federation")
+    p = sub.add_parser("release", help="give back the devices a run holds (a run whose teardown never ran)")
+    p.add_argument("--tenant", required=True)
+    p.add_argument("--run-id", required=True)
     args = parser.parse_args(argv)
+    if args.command == "inventory":
+        inv = collect(load_federation(args.federation), tenant=args.tenant)
+        print(json.dumps(inv.to_dict(), indent=2) if args.json else inv.format())
+        return 0
+    if args.command == "cloud":
+        return _cloud(args)
+    if args.command == "release":
+        print(f"released {Ledger().release(args.tenant, args.run_id)} device(s) of run {args.run_id}")
+        return 0
     s = latest_summary(args.tenant, args.run_id, args.federation)
     if args.json:
         print(json.dumps(s, indent=2))

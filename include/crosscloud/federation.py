@@ -110,7 +110,8 @@ class Cloud(_Model):
     access: Access
     store: ObjectStoreSpec
     pools: list[AcceleratorPool] = Field(min_length=1)
-    state: Literal["active", "draining"] = "active"
+    # joining: receives work only after `crosscloud cloud join` proved it works; draining: no new sub-tasks
+    state: Literal["active", "joining", "draining"] = "active"
 
     @field_validator("name")
     @classmethod

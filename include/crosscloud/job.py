@@ -13,6 +13,7 @@ from crosscloud.presets import PRESETS
 from crosscloud.names import validate_name
 
 MODES = ("cross_cloud", "single_cluster")
+PLACEMENTS = ("spread", "auto")
 
 
 class JobSpecError(ValueError):
@@ -28,6 +29,8 @@ class JobSpec:
     model_size: str = "small"
     global_batch: int = 24
     devices_per_cloud: int = 1
+    placement: Literal["spread", "auto"] = "spread"  # spread: every eligible cloud; auto: crosscloud chooses
+    devices: int = 2  # devices in all for placement auto (one cloud when one suffices, else a split)
     dataset: str = "python-stdlib"
     seed: int = 0
     mode: Literal["cross_cloud", "single_cluster"] = "cross_cloud"
@@ -46,6 +49,8 @@ class JobSpec:
             (self.global_batch > 0, "global_batch", f"must be > 0, got {self.global_batch}"),
             (self.devices_per_cloud > 0, "devices_per_cloud", f"must be > 0, got {self.devices_per_cloud}"),
             (self.model_size in PRESETS, "model_size", f"{self.model_size!r} is unknown; choose one of {sorted(PRESETS)}"),
+            (self.devices > 0, "devices", f"must be > 0, got {self.devices}"),
+            (self.placement in PLACEMENTS, "placement", f"{self.placement!r} is unknown; choose one of {list(PLACEMENTS)}"),
             (self.mode in MODES, "mode", f"{self.mode!r} is unknown; choose one of {list(MODES)}"),
             (self.inner_lr > 0, "inner_lr", f"must be > 0, got {self.inner_lr}"),
             (self.outer_lr > 0, "outer_lr", f"must be > 0, got {self.outer_lr}"),

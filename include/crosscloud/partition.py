@@ -1,4 +1,4 @@
-"""Split one job over clouds: which clouds, how much of the global batch, which shards.
+"""Split an admitted job over its clouds: how much of the global batch, which shards.
 
 Each chosen cloud gets a share of the global batch proportional to its
 effective throughput (devices x relative speed for the model family), so that
@@ -9,9 +9,10 @@ resident in.
 
 from __future__ import annotations
 
-from crosscloud.federation import AcceleratorPool, Cloud, Federation
+from crosscloud.federation import Federation
 from crosscloud.job import JobSpec
-from crosscloud.plan import Candidate, CloudAssignment
+from crosscloud.placement import Part
+from crosscloud.plan import CloudAssignment
 
 
 class PlacementError(ValueError):
@@ -29,74 +30,6 @@ def apportion(total: int, weights: list[float]) -> list[int]:
     for i in by_remainder[: spare - sum(parts)]:
         parts[i] += 1
     return [p + 1 for p in parts]
-
-
-def _best_pool(fed: Federation, cloud: Cloud, family: str, free: dict[str, int]) -> tuple[AcceleratorPool | None, str]:
-    """The fastest pool with an adapted image and free devices, or the reason there is none."""
-    usable = [p for p in cloud.pools if fed.image_for(p.accelerator, family)]
-    if not usable:
-        return None, f"no adapted image for model family {family!r} on {[p.accelerator for p in cloud.pools]}"
-    usable = [p for p in usable if free.get(p.accelerator, p.count) > 0]
-    if not usable:
-        return None, "no free devices in any pool with an adapted image"
-    return max(usable, key=lambda p: p.throughput_for(family)), ""
-
-
-def choose_clouds(
-    fed: Federation, spec: JobSpec, family: str, free: dict[str, dict[str, int]]
-) -> tuple[list[CloudAssignment], list[Candidate]]:
-    """Apply the hard constraints to every cloud; returns the chosen ones (share and shards unset)."""
-    tenant = fed.tenant(spec.tenant)
-    for name in spec.clouds:
-        fed.cloud(name)  # unknown names fail here, with the list of known clouds
-    if spec.mode == "single_cluster":
-        if len(spec.clouds) > 1:
-            raise PlacementError(f"job parameter clouds: single_cluster mode runs on one cloud, got {spec.clouds}")
-        wanted = spec.clouds or [fed.local_cloud.name]
-    else:
-        wanted = spec.clouds or [c.name for c in fed.clouds]
-    chosen, candidates = [], []
-    for cloud in fed.clouds:
-        if cloud.name not in wanted:
-            candidates.append(Candidate(cloud=cloud.name, chosen=False, reason="not among the clouds asked for"))
-            continue
-        if cloud.state == "draining":
-            candidates.append(Candidate(cloud=cloud.name, chosen=False, reason="draining: takes no new sub-tasks"))
-            continue
-        quota = tenant.quotas.get(cloud.name, 0)
-        if quota <= 0:
-            candidates.append(Candidate(cloud=cloud.name, chosen=False, reason=f"tenant {tenant.name} has no quota here"))
-            continue
-        pool, why = _best_pool(fed, cloud, family, free.get(cloud.name, {}))
-        if pool is None:
-            candidates.append(Candidate(cloud=cloud.name, chosen=False, reason=why))
-            continue
-        devices = min(spec.devices_per_cloud, quota, free.get(cloud.name, {}).get(pool.accelerator, pool.count))
-        throughput = devices * pool.throughput_for(family)
-        chosen.append(
-            CloudAssignment(
-                name=cloud.name,
-                role=cloud.role,
-                method=cloud.access.method,
-                accelerator=pool.accelerator,
-                devices=devices,
-                throughput=throughput,
-                share=0,
-                shards=[],
-                image=fed.image_for(pool.accelerator, family) or "",
-            )
-        )
-        candidates.append(
-            Candidate(
-                cloud=cloud.name,
-                chosen=True,
-                reason=f"{devices} x {pool.accelerator} (quota {quota}), effective throughput {throughput:g}",
-            )
-        )
-    if not chosen:
-        details = "; ".join(f"{c.cloud}: {c.reason}" for c in candidates)
-        raise PlacementError(f"no cloud can run this job for tenant {spec.tenant}: {details}")
-    return chosen, candidates
 
 
 def assign_shards(fed: Federation, dataset: str, n_shards: int, clouds: list[CloudAssignment]) -> dict[str, list[int]]:
@@ -120,13 +53,23 @@ def assign_shards(fed: Federation, dataset: str, n_shards: int, clouds: list[Clo
     return assigned
 
 
-def partition(fed: Federation, spec: JobSpec, family: str, free: dict[str, dict[str, int]], n_shards: int):
-    """Choose clouds, give them shares of the global batch and data shards."""
-    chosen, candidates = choose_clouds(fed, spec, family, free)
-    shares = apportion(spec.global_batch, [c.throughput for c in chosen])
-    chosen = [c.model_copy(update={"share": s}) for c, s in zip(chosen, shares)]
-    shards = assign_shards(fed, spec.dataset, n_shards, chosen)
-    return [c.model_copy(update={"shards": shards[c.name]}) for c in chosen], candidates
+def partition(fed: Federation, spec: JobSpec, family: str, parts: list[Part], n_shards: int) -> list[CloudAssignment]:
+    """Turn admitted parts into sub-tasks: shares of the global batch by throughput, and data shards."""
+    clouds = []
+    for part in parts:
+        cloud = fed.cloud(part.cloud)
+        pool = next(p for p in cloud.pools if p.accelerator == part.accelerator)
+        clouds.append(
+            CloudAssignment(
+                name=cloud.name, role=cloud.role, method=cloud.access.method, accelerator=pool.accelerator,
+                devices=part.devices, throughput=part.devices * pool.throughput_for(family), share=0, shards=[],
+                image=fed.image_for(pool.accelerator, family) or "",
+            )
+        )
+    shares = apportion(spec.global_batch, [c.throughput for c in clouds])
+    clouds = [c.model_copy(update={"share": s}) for c, s in zip(clouds, shares)]
+    shards = assign_shards(fed, spec.dataset, n_shards, clouds)
+    return [c.model_copy(update={"shards": shards[c.name]}) for c in clouds]
 
 
 def rebalance_shares(shares: dict[str, int], step_s: dict[str, float], global_batch: int, tolerance: float = 0.05) -> dict[str, int]:

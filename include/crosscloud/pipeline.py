@@ -16,6 +16,7 @@ from dataclasses import dataclass
 import torch
 
 from crosscloud import baseline
+from crosscloud.admission import admit
 from crosscloud.backends import Handle, SubTaskError, SubTaskSpec, get_backend
 from crosscloud.commit import read_commit, write_step
 from crosscloud.coordinator import Coordinator, load_global, load_history
@@ -24,14 +25,15 @@ from crosscloud.credentials import credentials_env
 from crosscloud.federation import Federation, load_federation
 from crosscloud.federation import federation_path as resolve_federation_path
 from crosscloud.job import JobSpec
+from crosscloud.ledger import Ledger
 from crosscloud.links import store_seen_from, wan_bytes
 from crosscloud.model import build_model, evaluate
 from crosscloud.names import blob_key, validate_name
 from crosscloud.partition import PlacementError, partition
-from crosscloud.plan import Plan
+from crosscloud.plan import BlobRef, Candidate, Plan
 from crosscloud.preheat import TransferReport, copy_blob, put_blob, read_blob
 from crosscloud.presets import ModelConfig, preset
-from crosscloud.storage import open_store
+from crosscloud.storage import StoreError, open_store
 from crosscloud.tensors import to_bytes
 
 Log = Callable[[str], None]
@@ -53,20 +55,6 @@ class RunRef:
         return fed, Plan.load(open_store(fed.local_cloud, self.tenant), self.tenant, self.run_id)
 
 
-def free_devices(fed: Federation) -> dict[str, dict[str, int]]:
-    """Free devices per cloud and accelerator: the federation's pools minus running sub-tasks."""
-    used: dict[str, dict[str, int]] = {}
-    for method in {c.access.method for c in fed.clouds}:
-        try:
-            used.update(get_backend(method).used_devices())
-        except SubTaskError:  # a method without an engine backend reports nothing here
-            continue
-    return {
-        c.name: {p.accelerator: p.count - used.get(c.name, {}).get(p.accelerator, 0) for p in c.pools}
-        for c in fed.clouds
-    }
-
-
 def _materialize_inputs(fed: Federation, spec: JobSpec, cfg: ModelConfig):
     """Put the dataset shards on the dataset's home cloud and the initial model on the local cloud."""
     ds = fed.dataset(spec.dataset)
@@ -80,45 +68,73 @@ def _materialize_inputs(fed: Federation, spec: JobSpec, cfg: ModelConfig):
     return shard_refs, held_ref, init_ref
 
 
-def partition_stage(
+def _holders(fed: Federation, tenant: str, refs: list[BlobRef]) -> set[str]:
+    """Clouds whose stores already hold every one of ``refs`` (content-addressed, so any earlier run's copy counts)."""
+    holders = set()
+    for cloud in fed.clouds:
+        try:
+            store = open_store(cloud, tenant)
+            if all(store.exists(blob_key(tenant, r.sha256)) for r in refs):
+                holders.add(cloud.name)
+        except StoreError:  # a store placement cannot read now holds nothing it can count on
+            continue
+    return holders
+
+
+def admit_stage(
     spec: JobSpec,
     run_id: str,
     federation_path: str | None = None,
     experiment: str | None = None,
     tags: dict[str, str] | None = None,
 ) -> RunRef:
-    """Choose clouds, shares and shards; write the plan; open the MLflow runs."""
+    """Admit the run (place it, reserve its devices), give clouds shares and shards, write the plan, open MLflow runs.
+
+    Raises ``NotAdmitted`` while the devices it needs are taken (the caller waits
+    and tries again) and ``PlacementError`` when no cloud could ever take it.
+    """
     validate_name(run_id, "run id")
     federation_path = str(resolve_federation_path(federation_path))
     fed = load_federation(federation_path)
     cfg = preset(spec.model_size)
-    clouds, candidates = partition(fed, spec, cfg.family, free_devices(fed), fed.dataset(spec.dataset).shards)
     ds = fed.dataset(spec.dataset)
     if ds.residency and fed.local_cloud.jurisdiction != ds.residency:
         raise PlacementError(f"dataset {ds.name} is resident in {ds.residency}; its held-out part cannot be evaluated on {fed.local_cloud.name}")
     shard_refs, held_ref, init_ref = _materialize_inputs(fed, spec, cfg)
-    plan = Plan(
-        tenant=spec.tenant,
-        run_id=run_id,
-        federation=fed.name,
-        federation_path=federation_path,
-        job=spec.to_dict(),
-        model=cfg.to_dict(),
-        outer={"lr": spec.outer_lr, "momentum": spec.outer_momentum},
-        coordinator_cloud=fed.local_cloud.name,
-        clouds=clouds,
-        candidates=candidates,
-        dataset=spec.dataset,
-        shards=shard_refs,
-        held_out=held_ref,
-        init=init_ref,
-    )
-    if experiment:
-        from crosscloud.tracking import Tracker
+    ledger = Ledger()
+    admission = admit(fed, spec, run_id, cfg.family, sum(r.size for r in shard_refs), _holders(fed, spec.tenant, shard_refs), ledger)
+    try:
+        plan = Plan(
+            tenant=spec.tenant,
+            run_id=run_id,
+            federation=fed.name,
+            federation_path=federation_path,
+            job=spec.to_dict(),
+            model=cfg.to_dict(),
+            outer={"lr": spec.outer_lr, "momentum": spec.outer_momentum},
+            coordinator_cloud=fed.local_cloud.name,
+            clouds=partition(fed, spec, cfg.family, admission.parts, ds.shards),
+            candidates=[Candidate(cloud=c.cloud, accelerator=c.accelerator, chosen=c.chosen, reason=c.reason)
+                        for c in admission.considered],
+            dataset=spec.dataset,
+            shards=shard_refs,
+            held_out=held_ref,
+            init=init_ref,
+        )
+        if experiment:
+            from crosscloud.tracking import Tracker
 
-        plan.tracking = Tracker().start_job(plan, experiment, tags or {})
-    plan.save(open_store(fed.local_cloud, spec.tenant))
+            plan.tracking = Tracker().start_job(plan, experiment, tags or {})
+        plan.save(open_store(fed.local_cloud, spec.tenant))
+    except BaseException:
+        ledger.release(spec.tenant, run_id)  # a run that never got its plan holds no devices
+        raise
     return RunRef(federation_path, spec.tenant, run_id)
+
+
+def release_stage(ref: RunRef) -> int:
+    """Give back the devices the run reserved; returns how many it held."""
+    return Ledger().release(ref.tenant, ref.run_id)
 
 
 def preheat_stage(ref: RunRef) -> dict:
@@ -256,6 +272,7 @@ def aggregate_stage(ref: RunRef, handles: list[Handle], experiment: str | None =
     fed, plan = ref.load()
     spec, home = plan.spec, open_store(fed.local_cloud, plan.tenant)
     _wait_for_exit(handles)
+    release_stage(ref)  # training is over: the devices go back before any calibration run needs them
     history = load_history(home, plan)
     if len(history) != spec.rounds:
         raise RuntimeError(f"run {plan.run_id}: {len(history)} of {spec.rounds} rounds committed; rerun sync_checkpoints")
@@ -307,16 +324,19 @@ def aggregate_stage(ref: RunRef, handles: list[Handle], experiment: str | None =
 def run_job(spec: JobSpec, run_id: str, federation_path: str | None = None, experiment: str | None = None,
             log: Log = print, compare_baseline: bool = True) -> dict:
     """All stages in this process, through the engine backends: for benchmarks and calibration."""
-    ref = partition_stage(spec, run_id, federation_path, experiment, tags={"crosscloud.launcher": "engine"})
+    ref = admit_stage(spec, run_id, federation_path, experiment, tags={"crosscloud.launcher": "engine"})
     preheat_stage(ref)
     _, plan = ref.load()
-    handles = [dispatch_stage(ref, c.name) for c in plan.clouds]
     try:
-        sync_stage(ref, handles, log)
-    except BaseException:
-        if plan.tracking:
-            from crosscloud.tracking import Tracker
+        handles = [dispatch_stage(ref, c.name) for c in plan.clouds]
+        try:
+            sync_stage(ref, handles, log)
+        except BaseException:
+            if plan.tracking:
+                from crosscloud.tracking import Tracker
 
-            Tracker().fail(plan)
-        raise
-    return aggregate_stage(ref, handles, experiment, log, compare_baseline)
+                Tracker().fail(plan)
+            raise
+        return aggregate_stage(ref, handles, experiment, log, compare_baseline)
+    finally:
+        release_stage(ref)

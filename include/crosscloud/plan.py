@@ -44,9 +44,10 @@ class CloudAssignment(_Model):
 
 
 class Candidate(_Model):
-    """A cloud placement considered, and why it was taken or not."""
+    """A cloud's pool considered by placement, and why it was taken or not."""
 
     cloud: str
+    accelerator: str
     chosen: bool
     reason: str
 

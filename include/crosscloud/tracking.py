@@ -61,6 +61,7 @@ class Tracker:
             "model_size": spec.model_size,
             "seed": spec.seed,
             "mode": spec.mode,
+            "placement": spec.placement,
             "inner_lr": spec.inner_lr,
             "outer_lr": plan.outer["lr"],
             "outer_momentum": plan.outer["momentum"],
@@ -70,6 +71,8 @@ class Tracker:
         }
         self._log_params(pid, params)
         self.client.log_text(pid, plan.model_dump_json(indent=2), "plan.json")
+        verdicts = [f"{c.cloud}/{c.accelerator}: {'CHOSEN' if c.chosen else 'not chosen'} - {c.reason}" for c in plan.candidates]
+        self.client.log_text(pid, "\n".join(verdicts) + "\n", "placement.txt")
         children = {}
         for cloud in plan.clouds:
             child = self.client.create_run(

@@ -65,7 +65,9 @@ class SyncCheckpointsOperator(BaseOperator):
         return [{k: v for k, v in r.items() if k not in ("clouds", "shares", "next_shares")} for r in history]
 
     def on_kill(self) -> None:
-        from crosscloud.pipeline import stop_run
+        from crosscloud.pipeline import release_stage, stop_run
 
-        self.log.info("coordinator killed: stopping every sub-task of the run")
-        stop_run(run_ref(self.run), _handles(self.handles))
+        self.log.info("coordinator killed: stopping every sub-task of the run and releasing its devices")
+        ref = run_ref(self.run)
+        stop_run(ref, _handles(self.handles))
+        release_stage(ref)

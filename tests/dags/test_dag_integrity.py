@@ -29,7 +29,7 @@ def test_every_dag_has_tags_doc_and_retries(dagbag):
 
 def test_cross_cloud_training_stages_and_params(dagbag):
     dag = dagbag.get_dag("cross_cloud_training")
-    order = ["partition", "preheat", "clouds_of", "dispatch_local", "sync_checkpoints", "aggregate", "cleanup"]
+    order = ["admit", "preheat", "clouds_of", "dispatch_local", "sync_checkpoints", "aggregate", "cleanup"]
     assert set(order) <= set(dag.task_ids)
     for before, after in zip(order, order[1:]):
         assert after in dag.get_task(before).get_flat_relative_ids(upstream=False), f"{before} must precede {after}"

@@ -32,9 +32,18 @@ def test_every_stage_succeeds(two_runs):
     for run in two_runs:
         assert run.state == "success"
         states = {(ti.task_id, ti.map_index): ti.state for ti in run.get_task_instances()}
-        assert {t for t, _ in states} >= {"partition", "preheat", "dispatch_local", "sync_checkpoints", "aggregate", "cleanup"}
+        assert {t for t, _ in states} >= {"admit", "preheat", "dispatch_local", "sync_checkpoints", "aggregate", "cleanup"}
         assert all(s == "success" for s in states.values()), states
         assert sum(1 for t, _ in states if t == "dispatch_local") == 3
+
+
+def test_run_reserved_its_devices_and_gave_them_back(two_runs):
+    from crosscloud.ledger import Ledger
+
+    for run in two_runs:
+        plan = json.loads(open_store(load_federation().local_cloud).get(RunKeys("team-a", run.run_id).plan))
+        assert {c["cloud"] for c in plan["candidates"] if c["chosen"]} == {"beijing", "shanghai", "singapore"}
+        assert Ledger().active(run_id=run.run_id) == []
 
 
 def test_global_checkpoint_committed_for_every_round_in_every_store(two_runs):

@@ -10,7 +10,7 @@ import torch
 from crosscloud.commit import IntegrityError, read_commit, write_step
 from crosscloud.coordinator import Coordinator, SubTaskLost, load_global
 from crosscloud.job import JobSpec
-from crosscloud.pipeline import partition_stage, preheat_stage
+from crosscloud.pipeline import admit_stage, preheat_stage, release_stage
 from crosscloud.storage import open_store
 from crosscloud.tensors import to_bytes
 
@@ -25,10 +25,11 @@ def _commit_delta(store, plan, cloud, round_, scale=0.01, delta=None):
 @pytest.fixture()
 def planned(request):
     spec = JobSpec(rounds=2, inner_steps=1, model_size="tiny", round_timeout_s=1.0, outer_lr=0.7, outer_momentum=0.9)
-    ref = partition_stage(spec, f"coord-{request.node.name}")
+    ref = admit_stage(spec, f"coord-{request.node.name}")
     preheat_stage(ref)
     fed, plan = ref.load()
-    return plan, {c.name: open_store(fed.cloud(c.name)) for c in plan.clouds}
+    yield plan, {c.name: open_store(fed.cloud(c.name)) for c in plan.clouds}
+    release_stage(ref)
 
 
 def test_resumes_after_last_committed_round_and_never_applies_one_twice(planned):

@@ -1,0 +1,144 @@
+"""Admitting a training run: place it over the live inventory and reserve its devices, atomically.
+
+Two placements, both behind the same hard constraints (``placement.refusal``):
+``spread`` gives every eligible cloud ``devices_per_cloud`` (the cross-cloud
+run a user asks for), ``auto`` lets ``placement.place`` choose one cloud or a
+split for ``devices`` devices by estimated finish time, cost and balance. The
+decision and the reservation happen in one ledger transaction, so concurrent
+runs never hold more than a pool or a quota has.
+
+``NotAdmitted`` means "not now": the admission task waits and tries again, and
+the next try may choose another cloud (the job is forwarded with its data).
+``PlacementError`` means "never": it fails at once, naming every cloud's reason.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+from crosscloud.federation import Federation
+from crosscloud.inventory import collect
+from crosscloud.job import JobSpec
+from crosscloud.ledger import Ledger, Usage
+from crosscloud.partition import PlacementError
+from crosscloud.placement import Considered, JobRequest, Part, Site, TransferTime, place, refusal
+from crosscloud.presets import SAMPLE_SECONDS
+
+DEFAULT_LINK_MBPS = 100.0  # clouds without a declared link are assumed this far apart
+
+
+class NotAdmitted(RuntimeError):
+    """The job fits the federation but not its free devices now; retry later."""
+
+
+@dataclass(frozen=True)
+class Admission:
+    parts: list[Part]
+    considered: list[Considered]
+
+
+def network(fed: Federation) -> TransferTime:
+    """Seconds to move bytes between clouds over the federation's declared links."""
+
+    def seconds(src: str, dst: str, nbytes: int) -> float:
+        if src == dst:
+            return 0.0
+        link = fed.link(src, dst)
+        mbps, latency_ms = (link.bandwidth_mbps, link.latency_ms) if link else (DEFAULT_LINK_MBPS, 50.0)
+        return nbytes * 8 / (mbps * 1e6) + latency_ms / 1000
+
+    return seconds
+
+
+def job_request(fed: Federation, spec: JobSpec, family: str, usage: Usage, data_bytes: int, data_at: set[str],
+                devices: int) -> JobRequest:
+    """The placement view of a training run: size, run-time estimate, data and the tenant's quota."""
+    tenant = fed.tenant(spec.tenant)
+    ds = fed.dataset(spec.dataset)
+    samples = spec.rounds * spec.inner_steps * spec.global_batch
+    return JobRequest(
+        name=spec.dataset,
+        tenant=spec.tenant,
+        family=family,
+        devices=devices,
+        runtime_s={"*": samples * SAMPLE_SECONDS[spec.model_size] / devices},
+        data_bytes=data_bytes,
+        data_at=frozenset(data_at),
+        residency=ds.residency,
+        quota=dict(tenant.quotas),
+        clouds=frozenset(spec.clouds) if spec.clouds else None,
+        splittable=spec.mode == "cross_cloud",
+    )
+
+
+def _spread(job: JobRequest, sites: list[Site], per_cloud: int, pinned: bool) -> tuple[list[Part], list[Considered]]:
+    """``per_cloud`` devices (or what is free and allowed) on every eligible cloud, its fastest pool."""
+    parts, considered, eligible = [], [], set()
+    for cloud in dict.fromkeys(s.cloud for s in sites):
+        pools = [s for s in sites if s.cloud == cloud]
+        reasons = {s.accelerator: refusal(job, s) for s in pools}
+        eligible |= {cloud for s in pools if not reasons[s.accelerator]}
+        usable = [s for s in pools if not reasons[s.accelerator] and s.free > 0]
+        best = max(usable, key=lambda s: s.speed) if usable else None
+        if best is not None:
+            n = min(per_cloud, best.free)
+            parts.append(Part(cloud, best.accelerator, n))
+        for s in pools:
+            if s is best:
+                why = f"{n} x {s.accelerator} ({s.free} free, throughput {s.speed:g} each)"
+            else:
+                why = reasons[s.accelerator] or (f"full: 0 of {s.total} free to {job.tenant} (in use, or its quota taken)" if s.free == 0 else "a faster pool was chosen")
+            considered.append(Considered(cloud, s.accelerator, s is best, why))
+    explained = "; ".join(f"{c.cloud}/{c.accelerator}: {c.reason}" for c in considered)
+    never = (job.clouds - eligible) if pinned else (set() if eligible else {"any"})
+    if never:
+        raise PlacementError(f"no placement for tenant {job.tenant} on {sorted(never)}: {explained}")
+    if not parts or (pinned and eligible - {p.cloud for p in parts}):
+        raise NotAdmitted(f"waiting for devices: {explained}")
+    return parts, considered
+
+
+def _could_ever(job: JobRequest, sites: list[Site]) -> bool:
+    """Whether the job fits the eligible pools once other runs (the tenant's own included) give devices back."""
+    room = [min(s.total, job.quota.get(s.cloud, 0)) for s in sites if not refusal(job, s)]
+    return any(r >= job.devices for r in room) or (job.splittable and sum(room) >= job.devices)
+
+
+def admit(fed: Federation, spec: JobSpec, run_id: str, family: str, data_bytes: int, data_at: set[str],
+          ledger: Ledger | None = None) -> Admission:
+    """Choose where the run trains and reserve its devices; see the module docstring for the two errors."""
+    ledger = ledger or Ledger()
+    for name in spec.clouds:
+        fed.cloud(name)  # an unknown name fails here, with the list of known clouds
+    if spec.mode == "single_cluster" and len(spec.clouds) > 1:
+        raise PlacementError(f"job parameter clouds: single_cluster mode runs on one cloud, got {spec.clouds}")
+    result: list[Admission] = []
+
+    def decide(usage: Usage) -> list[tuple[str, str, int]]:
+        # the tenant sees a pool's free devices within what its quota leaves it there
+        left = {c: q - usage.tenant(spec.tenant, c) for c, q in fed.tenant(spec.tenant).quotas.items()}
+        sites = [replace(s, free=max(min(s.free, left.get(s.cloud, 0)), 0))
+                 for s in collect(fed, ledger, spec.tenant, usage=usage).sites(family)]
+        single = spec.mode == "single_cluster"
+        devices = spec.devices_per_cloud if single or spec.placement == "spread" else spec.devices
+        job = job_request(fed, spec, family, usage, data_bytes, data_at, devices)
+        if single and not spec.clouds:
+            job = replace(job, clouds=frozenset({fed.local_cloud.name}))
+        if spec.placement == "spread" and not single:
+            parts, considered = _spread(job, sites, spec.devices_per_cloud, pinned=bool(spec.clouds))
+        else:
+            decision = place(job, sites, network(fed))
+            if not decision.placed and not _could_ever(job, sites):
+                raise PlacementError(f"no cloud can ever run this job for tenant {spec.tenant}: {decision.explain()}")
+            if not decision.starts_now:
+                raise NotAdmitted(f"waiting for devices: {decision.explain()}")
+            parts, considered = decision.option.parts, decision.considered
+        result.append(Admission(parts, considered))
+        return [(p.cloud, p.accelerator, p.devices) for p in parts]
+
+    capacity = {(c.name, p.accelerator): p.count for c in fed.clouds for p in c.pools}
+    held = ledger.admit(spec.tenant, run_id, decide, capacity, dict(fed.tenant(spec.tenant).quotas))
+    if not result:  # a retried admission: the run already holds its devices
+        parts = [Part(r.cloud, r.accelerator, r.devices) for r in held]
+        return Admission(parts, [Considered(p.cloud, p.accelerator, True, "reserved by an earlier try") for p in parts])
+    return result[0]

@@ -1,0 +1,176 @@
+"""The global view of compute: every cloud's pools, who uses them, and whether a cloud takes work.
+
+Built fresh from three sources each time it is asked for: the federation file
+(what exists), the reservation ledger (what admitted runs hold, membership)
+and the backends (what sub-tasks actually run). Placement reads its ``sites``,
+the CLI prints it, DAGs and the UI call ``collect``.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import asdict, dataclass, field
+
+from crosscloud.backends import SubTaskError, get_backend
+from crosscloud.federation import Cloud, Federation
+from crosscloud.ledger import Ledger, Membership, Usage
+from crosscloud.placement import Site
+
+
+@dataclass(frozen=True)
+class PoolView:
+    accelerator: str
+    total: int
+    reserved: int  # held by admitted runs (ledger)
+    running: int  # held by sub-tasks the backends see running
+    price_per_device_hour: float
+    throughput: dict[str, float]
+    families: tuple[str, ...]  # model families with an adapted image for this accelerator
+
+    @property
+    def in_use(self) -> int:
+        return max(self.reserved, self.running)
+
+    @property
+    def free(self) -> int:
+        return max(self.total - self.in_use, 0)
+
+
+@dataclass(frozen=True)
+class CloudView:
+    name: str
+    role: str
+    jurisdiction: str
+    region: str
+    method: str
+    state: str  # active, draining or joining
+    health: str
+    refuses: str  # why the cloud takes no new work; empty when it does
+    pools: list[PoolView]
+
+
+@dataclass(frozen=True)
+class TenantView:
+    name: str
+    quota: dict[str, int]
+    used: dict[str, int]
+    runs: list[str]
+
+
+@dataclass
+class Inventory:
+    federation: str
+    generated_at: float
+    clouds: list[CloudView]
+    tenants: list[TenantView] = field(default_factory=list)
+
+    def cloud(self, name: str) -> CloudView:
+        return next(c for c in self.clouds if c.name == name)
+
+    def to_dict(self) -> dict:
+        out = asdict(self)
+        for cloud, view in zip(out["clouds"], self.clouds):
+            for pool, p in zip(cloud["pools"], view.pools):
+                pool.update(in_use=p.in_use, free=p.free)
+        return out
+
+    def sites(self, family: str) -> list[Site]:
+        """Every pool as a placement site for a job of model ``family``."""
+        return [
+            Site(
+                cloud=c.name,
+                accelerator=p.accelerator,
+                jurisdiction=c.jurisdiction,
+                total=p.total,
+                free=p.free,
+                price_per_device_hour=p.price_per_device_hour,
+                speed=p.throughput.get(family, p.throughput["default"]),
+                families=frozenset(p.families),
+                refuses=c.refuses,
+            )
+            for c in self.clouds
+            for p in c.pools
+        ]
+
+    def format(self) -> str:
+        lines = [f"federation {self.federation}: {len(self.clouds)} clouds"]
+        lines.append(
+            f"{'cloud':<12}{'jurisd.':<9}{'state':<10}{'health':<24}{'accelerator':<14}"
+            f"{'total':>6}{'in use':>8}{'free':>6}{'price/h':>9}"
+        )
+        for c in self.clouds:
+            for i, p in enumerate(c.pools):
+                head = f"{c.name:<12}{c.jurisdiction:<9}{c.state:<10}{c.health[:23]:<24}" if i == 0 else " " * 55
+                lines.append(f"{head}{p.accelerator:<14}{p.total:>6}{p.in_use:>8}{p.free:>6}{p.price_per_device_hour:>9.2f}")
+        refusing = [c for c in self.clouds if c.refuses]
+        for c in refusing:
+            lines.append(f"  {c.name} takes no new work: {c.refuses}")
+        for t in self.tenants:
+            use = ", ".join(f"{cloud} {t.used.get(cloud, 0)}/{q}" for cloud, q in t.quota.items())
+            lines.append(f"tenant {t.name}: devices used/quota {use}; runs holding devices: {', '.join(t.runs) or 'none'}")
+        return "\n".join(lines)
+
+
+def _running(fed: Federation) -> dict[str, dict[str, int]]:
+    used: dict[str, dict[str, int]] = {}
+    for method in {c.access.method for c in fed.clouds}:
+        try:
+            used.update(get_backend(method).used_devices())
+        except SubTaskError:  # a method without an engine backend reports through its operator
+            continue
+    return used
+
+
+def membership_state(cloud: Cloud, member: Membership | None) -> tuple[str, str, str]:
+    """A cloud's (state, health, reason it refuses new work)."""
+    state = (member.state if member and member.state else None) or cloud.state
+    if member is None or member.check_ok is None:
+        health = "unchecked"
+    elif member.check_ok:
+        health = f"ok ({time.strftime('%m-%d %H:%M', time.localtime(member.checked_at))})"
+    else:
+        health = f"failed: {member.detail}"
+    if state == "draining":
+        refuses = "draining: takes no new sub-tasks"
+    elif member is not None and member.check_ok is False:
+        refuses = f"last join check failed ({member.detail}); run `crosscloud cloud join {cloud.name}` again"
+    elif state == "joining" and not (member and member.check_ok):
+        refuses = f"joining: has not passed its join check yet (`crosscloud cloud join {cloud.name}`)"
+    else:
+        refuses = ""
+    if state == "joining" and member and member.check_ok:
+        state = "active"
+    return state, health, refuses
+
+
+def collect(fed: Federation, ledger: Ledger | None = None, tenant: str | None = None, usage: Usage | None = None) -> Inventory:
+    """The inventory now; with ``tenant``, the tenant section shows only that tenant.
+
+    ``usage`` is the ledger's usage as read inside an admission transaction;
+    by default it is read here.
+    """
+    ledger = ledger or Ledger()
+    usage = usage or ledger.usage()
+    members, running = ledger.memberships(), _running(fed)
+    clouds = []
+    for c in fed.clouds:
+        state, health, refuses = membership_state(c, members.get(c.name))
+        pools = [
+            PoolView(p.accelerator, p.count, usage.pool(c.name, p.accelerator), running.get(c.name, {}).get(p.accelerator, 0),
+                     p.price_per_device_hour, dict(p.throughput),
+                     tuple(sorted({i.family for i in fed.images if i.accelerator == p.accelerator})))
+            for p in c.pools
+        ]
+        clouds.append(CloudView(c.name, c.role, c.jurisdiction, c.region, c.access.method, state, health, refuses, pools))
+    reservations = ledger.active(tenant)
+    tenants = [
+        TenantView(
+            t.name,
+            dict(t.quotas),
+            {cloud: usage.tenant(t.name, cloud) for cloud in t.quotas},
+            sorted({r.run_id for r in reservations if r.tenant == t.name}),
+        )
+        for t in fed.tenants
+        if tenant is None or t.name == tenant
+    ]
+    return Inventory(fed.name, time.time(), clouds, tenants)

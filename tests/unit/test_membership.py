@@ -1,0 +1,89 @@
+"""Clouds join only after proving they work, drain without a restart, and leave without touching others."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import yaml
+
+from crosscloud import cli, membership
+from crosscloud.admission import admit
+from crosscloud.federation import DEFAULT_FEDERATION, parse_federation
+from crosscloud.inventory import collect
+from crosscloud.job import JobSpec
+from crosscloud.ledger import Ledger
+
+
+def _fed(mutate=None):
+    raw = yaml.safe_load(DEFAULT_FEDERATION.read_text())
+    if mutate:
+        mutate(raw)
+    return parse_federation(raw)
+
+
+@pytest.fixture()
+def ledger(tmp_path):
+    return Ledger(tmp_path / "ledger.sqlite")
+
+
+def _clouds(fed, ledger, run_id):
+    return {p.cloud for p in admit(fed, JobSpec(), run_id, "byte-lm", 0, {"beijing"}, ledger).parts}
+
+
+def test_a_joining_cloud_is_used_after_its_probe_passes(ledger):
+    def joining(raw):
+        raw["clouds"][2]["state"] = "joining"
+
+    fed = _fed(joining)
+    assert "singapore" not in _clouds(fed, ledger, "before")
+    ok, detail = membership.join(fed, "singapore", ledger)
+    assert ok, detail
+    assert "probe with torch" in detail and "store ok for team-a" in detail
+    assert collect(fed, ledger).cloud("singapore").health.startswith("ok")
+    assert "singapore" in _clouds(fed, ledger, "after")  # same process, same federation object: no restart
+
+
+@pytest.mark.parametrize(
+    ("mutate", "part"),
+    [
+        (lambda raw: raw["clouds"][2].update(access={"method": "ssh"}), "launcher: no engine backend for access method 'ssh'"),
+        (lambda raw: raw["clouds"][2]["pools"][0].update(accelerator="hygon-k100"), "images: no adapted image registered for ['hygon-k100']"),
+    ],
+)
+def test_a_failed_check_names_what_failed_and_keeps_work_away(ledger, mutate, part):
+    fed = _fed(mutate)
+    ok, detail = membership.join(fed, "singapore", ledger)
+    assert not ok and part in detail
+    assert "last join check failed" in collect(fed, ledger).cloud("singapore").refuses
+
+
+def test_drain_and_activate_take_effect_at_the_next_placement(ledger):
+    fed = _fed()
+    membership.drain(fed, "shanghai", ledger)
+    assert "shanghai" not in _clouds(fed, ledger, "a")
+    membership.activate(fed, "shanghai", ledger)
+    assert "shanghai" in _clouds(fed, ledger, "b")
+
+
+def test_removing_a_cloud_affects_no_other(ledger):
+    fed = _fed()
+    assert _clouds(fed, ledger, "a") == {"beijing", "shanghai", "singapore"}
+
+    def without_singapore(raw):
+        raw["clouds"] = raw["clouds"][:2]
+        raw["links"] = [link for link in raw["links"] if "singapore" not in (link["a"], link["b"])]
+        raw["tenants"][0]["quotas"].pop("singapore")
+
+    smaller = _fed(without_singapore)
+    assert _clouds(smaller, ledger, "b") == {"beijing", "shanghai"}
+    assert [c.name for c in collect(smaller, ledger).clouds] == ["beijing", "shanghai"]
+
+
+def test_inventory_command_prints_json_for_a_tenant(capsys):
+    assert cli.main(["inventory", "--json", "--tenant", "team-b"]) == 0
+    inv = json.loads(capsys.readouterr().out)
+    assert [c["name"] for c in inv["clouds"]] == ["beijing", "shanghai", "singapore"]
+    assert [t["name"] for t in inv["tenants"]] == ["team-b"]  # other tenants' runs are not shown
+    pool = inv["clouds"][0]["pools"][0]
+    assert pool["total"] == 4 and pool["free"] == pool["total"] - pool["in_use"]
