@@ -5,7 +5,7 @@ STAMP := $(VENV)/.installed-stamp
 ENV := source scripts/env.sh &&
 SHELL := /bin/bash
 
-.PHONY: install demo test bench-gap airflow-ui mlflow-ui clean
+.PHONY: install demo test bench-gap bench-scheduling airflow-ui mlflow-ui clean
 
 $(STAMP): requirements.txt requirements-dev.txt constraints.txt pyproject.toml
 	python3 -m venv $(VENV)
@@ -24,6 +24,9 @@ test: install
 
 bench-gap: install
 	$(ENV) $(PY) bench/gap.py $(ARGS)
+
+bench-scheduling: install
+	$(ENV) $(PY) bench/scheduling.py $(ARGS)
 
 airflow-ui: install
 	$(ENV) mkdir -p $$AIRFLOW_HOME && $(VENV)/bin/airflow standalone

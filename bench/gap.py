@@ -18,6 +18,7 @@ Prints a table and ends with
 from __future__ import annotations
 
 import argparse
+import json
 import statistics
 import sys
 import tempfile
@@ -29,6 +30,7 @@ import yaml
 from crosscloud.baseline import gap_pct, iteration_time, round_seconds
 from crosscloud.job import JobSpec
 from crosscloud.pipeline import run_job
+from crosscloud.storage import state_dir
 
 EXPERIMENT = "bench_gap"
 
@@ -143,10 +145,19 @@ def main(argv: list[str] | None = None) -> int:
     if args.sweep:
         print(sweep(base, folder, tag, args.rtt_ms, log, args.sweep_sizes, args.sweep_bandwidths))
     one, two, three = results["single_sync"], results["single_rounds"], results["cross_cloud"]
+    figures = {
+        "iteration_time_gap_pct": gap_pct(three["mean_s"], one["mean_s"]),
+        "wan_penalty_pct": gap_pct(three["mean_s"], two["mean_s"]),
+        "loss_ratio": three["loss"] / one["loss"],
+        "bytes_per_round": three["wan_bytes"],
+    }
+    # bench-scheduling takes a split job's penalty from here
+    out = state_dir() / "bench" / "gap.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps({**figures, "args": vars(args), "measured_at": tag}, indent=2))
     print(
-        f"iteration_time_gap_pct={gap_pct(three['mean_s'], one['mean_s']):.2f} "
-        f"wan_penalty_pct={gap_pct(three['mean_s'], two['mean_s']):.2f} "
-        f"loss_ratio={three['loss'] / one['loss']:.4f} bytes_per_round={three['wan_bytes']:.0f}"
+        f"iteration_time_gap_pct={figures['iteration_time_gap_pct']:.2f} wan_penalty_pct={figures['wan_penalty_pct']:.2f} "
+        f"loss_ratio={figures['loss_ratio']:.4f} bytes_per_round={figures['bytes_per_round']:.0f}"
     )
     return 0
 

@@ -10,6 +10,10 @@ that can ever hold the job, plus one split over the sites with free devices
 now (fastest first) when the job may be split; each option's finish time is
 its estimated start (queueing, and the transfer of data not yet there) plus
 its run time, a split's run time carrying the measured cross-cloud penalty.
+A caller that knows the queue in front of a pool (the simulator) gives its
+size (``queued_device_s``, ``queued_devices``): the wait then counts the
+released devices those jobs take first, and a job may start on devices free
+now only if it does not delay them (EASY backfilling, ``Site.backfills``).
 """
 
 from __future__ import annotations
@@ -44,10 +48,9 @@ class Site:
         Without ``queued_devices``: the first release that frees ``devices``,
         plus the queued work spread over the whole pool. With it, the queued
         jobs take the released devices first (in release order), so the wait
-        is the release that frees ``devices`` beyond theirs; and never less
-        than the queued work spread over the pool. Releases not known (devices
-        the queued jobs will give back) count as that spread after the last
-        known release.
+        is the release that frees ``devices`` beyond theirs, and never less
+        than the queued work spread over the pool; when the known releases do
+        not cover the queued jobs too, the last known release plus that spread.
         """
         ahead = self.queued_device_s / self.total
         if self.free >= devices and ahead == 0 and self.queued_devices == 0:
@@ -72,7 +75,31 @@ class Site:
                 return max(after, ahead)
         if have < devices:
             return math.inf  # even once the queue ahead is done, not enough devices come back
-        return last + ahead
+        return last + ahead  # the queued jobs' own ends are not known: after the last known release
+
+    def backfills(self, devices: int, hold_s: float) -> bool:
+        """Whether ``devices`` can be held now for ``hold_s`` seconds without delaying the work queued here.
+
+        With nothing queued: whether they are free. With queued work of known
+        size (``queued_devices``), EASY backfilling: they must be free now and
+        either be given back before the queued jobs could start (the release
+        that frees their devices) or be spare devices at that moment. With
+        queued work of unknown size: never.
+        """
+        if self.free < devices:
+            return False
+        if self.queued_device_s == 0 and self.queued_devices == 0:
+            return True
+        if not self.queued_devices:
+            return False
+        have = self.free
+        if have >= self.queued_devices:
+            return devices <= have - self.queued_devices
+        for after, released in self.frees:
+            have += released
+            if have >= self.queued_devices:
+                return hold_s <= after or devices <= have - self.queued_devices
+        return False
 
 
 @dataclass(frozen=True)
@@ -192,11 +219,11 @@ def _single(job: JobRequest, site: Site, network: TransferTime, w: Weights) -> t
     cap = min(site.total, job.quota.get(site.cloud, 0)) if job.quota is not None else site.total
     if cap < job.devices:
         return None, f"holds at most {cap} of the {job.devices} devices needed"
-    wait = site.wait_s(job.devices)
-    if math.isinf(wait):
-        return None, f"{site.free} free and no known release of {job.devices}"
     transfer_s, nbytes = _transfer(job, site.cloud, network)
     runtime = job.runtime_on(site)
+    wait = 0.0 if site.backfills(job.devices, transfer_s + runtime) else site.wait_s(job.devices)
+    if math.isinf(wait):
+        return None, f"{site.free} free and no known release of {job.devices}"
     cost = job.devices * runtime / 3600 * site.price_per_device_hour
     used_after = (site.total - site.free + job.devices) / site.total
     option = Option([Part(site.cloud, site.accelerator, job.devices)], max(wait, transfer_s), runtime, cost,
@@ -265,6 +292,6 @@ def place(job: JobRequest, sites: list[Site], network: TransferTime = no_network
             reason = f"chosen: {_figures(best)}"
         considered.append(Considered(site.cloud, site.accelerator, key in held, reason))
     now = best is not None and all(
-        s.free >= held[(s.cloud, s.accelerator)] and s.queued_device_s == 0 for s in sites if (s.cloud, s.accelerator) in held
+        s.backfills(held[(s.cloud, s.accelerator)], best.finish_s) for s in sites if (s.cloud, s.accelerator) in held
     )
     return Decision(job.name, best, considered, starts_now=now)
