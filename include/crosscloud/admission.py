@@ -21,11 +21,9 @@ from crosscloud.inventory import collect
 from crosscloud.job import JobSpec
 from crosscloud.ledger import Ledger, Usage
 from crosscloud.partition import PlacementError
-from crosscloud.placement import Considered, JobRequest, Part, Site, TransferTime, place, refusal
+from crosscloud.links import network
+from crosscloud.placement import Considered, JobRequest, Part, Site, place, refusal
 from crosscloud.presets import SAMPLE_SECONDS
-
-DEFAULT_LINK_MBPS = 100.0  # clouds without a declared link are assumed this far apart
-
 
 class NotAdmitted(RuntimeError):
     """The job fits the federation but not its free devices now; retry later."""
@@ -35,19 +33,6 @@ class NotAdmitted(RuntimeError):
 class Admission:
     parts: list[Part]
     considered: list[Considered]
-
-
-def network(fed: Federation) -> TransferTime:
-    """Seconds to move bytes between clouds over the federation's declared links."""
-
-    def seconds(src: str, dst: str, nbytes: int) -> float:
-        if src == dst:
-            return 0.0
-        link = fed.link(src, dst)
-        mbps, latency_ms = (link.bandwidth_mbps, link.latency_ms) if link else (DEFAULT_LINK_MBPS, 50.0)
-        return nbytes * 8 / (mbps * 1e6) + latency_ms / 1000
-
-    return seconds
 
 
 def job_request(fed: Federation, spec: JobSpec, family: str, usage: Usage, data_bytes: int, data_at: set[str],

@@ -40,8 +40,9 @@ def write_step(
 ) -> dict:
     """Write ``objects`` under ``step`` and then the commit that vouches for them.
 
-    ``refs`` names objects already stored elsewhere in this store (for example a
-    content-addressed blob) as ``{name: {"key", "size", "sha256"}}``.
+    ``refs`` names objects already stored elsewhere in this store as
+    ``{name: {"key", "size", "sha256"}}``, or a chunked artifact as
+    ``{name: {"artifact": <manifest key>, "size", "sha256"}}``.
     """
     entries = dict(refs or {})
     for name, data in objects.items():
@@ -74,6 +75,11 @@ def read_object(store: ObjectStore, commit: dict, name: str) -> bytes:
         entry = commit["objects"][name]
     except KeyError:
         raise IntegrityError(f"cloud {store.cloud}: commit does not list {name!r}") from None
+    if "artifact" in entry:  # read from the cloud's packs, every chunk verified on the way
+        from crosscloud.artifacts import read_blob
+        from crosscloud.plan import BlobRef
+
+        return read_blob(store, entry["artifact"].split("/")[0], BlobRef(sha256=entry["sha256"], size=entry["size"]))
     data = store.get(entry["key"])
     if len(data) != entry["size"] or sha256(data) != entry["sha256"]:
         raise IntegrityError(

@@ -23,7 +23,7 @@ from crosscloud.model import build_model, evaluate
 from crosscloud.outer import SYNCHRONOUS, OuterConfig, outer_step, weighted_mean
 from crosscloud.partition import rebalance_shares
 from crosscloud.plan import Plan
-from crosscloud.preheat import read_blob
+from crosscloud.artifacts import read_blob
 from crosscloud.presets import ModelConfig
 from crosscloud.storage import ObjectStore
 from crosscloud.tensors import from_bytes, to_bytes

@@ -84,6 +84,11 @@ class LinkedStore(ObjectStore):
             self.link.transfer(len(data))
             yield data
 
+    def get_range(self, key: str, start: int, length: int) -> bytes:
+        data = self.inner.get_range(key, start, length)
+        self.link.transfer(len(data))
+        return data
+
     def put_if_absent(self, key: str, data: bytes) -> bool:
         self.link.transfer(len(data))
         return self.inner.put_if_absent(key, data)
@@ -99,6 +104,28 @@ class LinkedStore(ObjectStore):
     def delete(self, key: str) -> None:
         self.link.transfer(0)
         self.inner.delete(key)
+
+
+DEFAULT_LINK_MBPS = 100.0  # clouds without a declared link are assumed this far apart
+
+
+def network(fed: Federation):
+    """Seconds to move ``nbytes`` from one cloud to another over the federation's declared links."""
+
+    def seconds(src: str, dst: str, nbytes: int) -> float:
+        if src == dst:
+            return 0.0
+        link = fed.link(src, dst)
+        mbps, latency_ms = (link.bandwidth_mbps, link.latency_ms) if link else (DEFAULT_LINK_MBPS, 50.0)
+        return nbytes * 8 / (mbps * 1e6) + latency_ms / 1000
+
+    return seconds
+
+
+def nearest_first(fed: Federation, dst: str, clouds: list[str]) -> list[str]:
+    """``clouds`` ordered by how fast they reach ``dst``: where a transfer reads from first."""
+    seconds = network(fed)
+    return sorted(dict.fromkeys(clouds), key=lambda c: (seconds(c, dst, 1 << 30), c))
 
 
 def store_seen_from(fed: Federation, cloud: str, site: str, tenant: str) -> ObjectStore:

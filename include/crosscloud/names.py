@@ -52,8 +52,8 @@ class RunKeys:
         return f"{self.root}/final"
 
 
-def blob_key(tenant: str, digest: str) -> str:
-    """Where content with this sha256 lives in a cloud's store."""
+def manifest_key(tenant: str, digest: str) -> str:
+    """Where the manifest of the artifact with this sha256 lives in a cloud's store."""
     if not re.fullmatch(r"[0-9a-f]{64}", digest):
         raise ValueError(f"not a sha256 hex digest: {digest!r}")
-    return f"{validate_name(tenant, 'tenant')}/blobs/sha256/{digest}"
+    return f"{validate_name(tenant, 'tenant')}/artifacts/{digest}.json"

@@ -26,12 +26,13 @@ from crosscloud.federation import Federation, load_federation
 from crosscloud.federation import federation_path as resolve_federation_path
 from crosscloud.job import JobSpec
 from crosscloud.ledger import Ledger
-from crosscloud.links import store_seen_from, wan_bytes
+from crosscloud.links import nearest_first, network, store_seen_from, wan_bytes
 from crosscloud.model import build_model, evaluate
-from crosscloud.names import blob_key, validate_name
+from crosscloud.names import manifest_key, validate_name
 from crosscloud.partition import PlacementError, partition
 from crosscloud.plan import BlobRef, Candidate, Plan
-from crosscloud.preheat import TransferReport, copy_blob, put_blob, read_blob
+from crosscloud.artifacts import ChunkIndex, put_blob, read_blob, warmth
+from crosscloud.preheat import TransferReport, fetch_all
 from crosscloud.presets import ModelConfig, preset
 from crosscloud.storage import StoreError, open_store
 from crosscloud.tensors import to_bytes
@@ -60,21 +61,22 @@ def _materialize_inputs(fed: Federation, spec: JobSpec, cfg: ModelConfig):
     ds = fed.dataset(spec.dataset)
     shards, held_out = build_corpus(ds.shards, spec.seed)
     data_home = open_store(fed.cloud(ds.home), spec.tenant)
-    shard_refs = [put_blob(data_home, spec.tenant, s)[0] for s in shards]
+    shard_refs = [put_blob(data_home, spec.tenant, s, kind="dataset")[0] for s in shards]
     home = open_store(fed.local_cloud, spec.tenant)
-    held_ref, _ = put_blob(home, spec.tenant, held_out)
+    held_ref, _ = put_blob(home, spec.tenant, held_out, kind="dataset")
     init = build_model(cfg, spec.seed).state_dict()
-    init_ref, _ = put_blob(home, spec.tenant, to_bytes(init))
+    init_ref, _ = put_blob(home, spec.tenant, to_bytes(init), kind="model")
     return shard_refs, held_ref, init_ref
 
 
 def _holders(fed: Federation, tenant: str, refs: list[BlobRef]) -> set[str]:
-    """Clouds whose stores already hold every one of ``refs`` (content-addressed, so any earlier run's copy counts)."""
+    """Clouds already warm for every one of ``refs`` (content-addressed, so any earlier run's copy counts)."""
     holders = set()
     for cloud in fed.clouds:
         try:
             store = open_store(cloud, tenant)
-            if all(store.exists(blob_key(tenant, r.sha256)) for r in refs):
+            index = ChunkIndex(store, tenant)
+            if all(warmth(store, tenant, r, index=index).warm for r in refs):
                 holders.add(cloud.name)
         except StoreError:  # a store placement cannot read now holds nothing it can count on
             continue
@@ -137,21 +139,29 @@ def release_stage(ref: RunRef) -> int:
     return Ledger().release(ref.tenant, ref.run_id)
 
 
+def _needs(plan: Plan, cloud: str) -> list[BlobRef]:
+    """What the sub-task on ``cloud`` reads before its first step: its shards and the initial model."""
+    return [plan.shards[i] for i in plan.cloud(cloud).shards] + [plan.init]
+
+
 def preheat_stage(ref: RunRef) -> dict:
-    """Make every chosen cloud hold its plan, shards and the initial checkpoint (round 0)."""
+    """Make every chosen cloud hold what its sub-task reads, then publish round 0 there.
+
+    Chunks come from the nearest cloud holding them (the dataset's home, the
+    local cloud, or a cloud preheated before), only those the target lacks.
+    """
     fed, plan = ref.load()
     report = TransferReport()
     home = open_store(fed.local_cloud, plan.tenant)
-    data_home = open_store(fed.cloud(fed.dataset(plan.dataset).home), plan.tenant)
     stores = {c.name: store_seen_from(fed, c.name, fed.local_cloud.name, plan.tenant) for c in plan.clouds}
+    holders = {fed.dataset(plan.dataset).home, fed.local_cloud.name}
     for cloud in plan.clouds:
-        store = stores[cloud.name]
-        for i in cloud.shards:
-            copy_blob(data_home, store, plan.tenant, plan.shards[i], report)
-        copy_blob(home, store, plan.tenant, plan.init, report)
-        plan.save(store)
+        names = nearest_first(fed, cloud.name, sorted(holders | set(stores)))
+        sources = [stores.get(n) or open_store(fed.cloud(n), plan.tenant) for n in names]
+        fetch_all(stores[cloud.name], sources, plan.tenant, _needs(plan, cloud.name), report)
+        plan.save(stores[cloud.name])
     round0 = plan.keys.global_step(0)
-    init_entry = {"key": blob_key(plan.tenant, plan.init.sha256), "size": plan.init.size, "sha256": plan.init.sha256}
+    init_entry = {"artifact": manifest_key(plan.tenant, plan.init.sha256), "size": plan.init.size, "sha256": plan.init.sha256}
     meta = {"round": -1, "published_at": time.time()}
     # the coordinator's own store last: its commit marks the round published
     for store in [s for name, s in stores.items() if name != fed.local_cloud.name] + [home]:
@@ -172,9 +182,24 @@ def subtask_spec(plan: Plan, cloud: str, env: dict[str, str] | None = None) -> S
     )
 
 
+def check_warm(fed: Federation, plan: Plan, cloud: str) -> None:
+    """Refuse to start a sub-task whose inputs are not all on its cloud, saying what is missing and for how long."""
+    store = open_store(fed.cloud(cloud), plan.tenant)
+    index = ChunkIndex(store, plan.tenant)
+    missing = sum(warmth(store, plan.tenant, r, index=index).missing_bytes for r in _needs(plan, cloud))
+    if missing:
+        src = nearest_first(fed, cloud, [fed.dataset(plan.dataset).home, fed.local_cloud.name])[0]
+        eta = network(fed)(src, cloud, missing)
+        raise SubTaskError(
+            f"cloud {cloud} is not warm for run {plan.run_id}: {missing / 2**20:.1f} MiB of its shards and model are "
+            f"missing, about {eta:.0f} s from {src}; run the preheat task again"
+        )
+
+
 def dispatch_stage(ref: RunRef, cloud: str) -> Handle:
-    """Start one cloud's sub-task and return at once with its handle."""
+    """Start one cloud's sub-task, once its inputs are there, and return at once with its handle."""
     fed, plan = ref.load()
+    check_warm(fed, plan, cloud)
     spec = subtask_spec(plan, cloud, env=credentials_env(fed.cloud(cloud), plan.tenant))
     return get_backend(plan.cloud(cloud).method).start(spec)
 

@@ -136,21 +136,24 @@ class S3Store(ObjectStore):
     def get(self, key: str) -> bytes:
         return b"".join(self.iter_chunks(key))
 
+    def get_range(self, key: str, start: int, length: int) -> bytes:
+        """One ranged GET, retried whole like any call; a short read counts as a dropped connection."""
+
+        def read_range() -> bytes:
+            rng = f"bytes={start}-{start + length - 1}"
+            data = self.client.get_object(Bucket=self.bucket, Key=self._key(key), Range=rng)["Body"].read()
+            if len(data) != length:
+                raise ConnectionError(f"short read: {len(data)} of {length} bytes")
+            return data
+
+        return self._call("download", key, read_range) if length > 0 else b""
+
     def iter_chunks(self, key: str, chunk: int = CHUNK) -> Iterator[bytes]:
         """The object's bytes in ranged reads; a dropped read resumes at the offset reached."""
         size = self.size(key)
         offset = 0
         while offset < size:
-            end = min(offset + chunk, size) - 1
-
-            def read_range(offset=offset, end=end) -> bytes:
-                body = self.client.get_object(Bucket=self.bucket, Key=self._key(key), Range=f"bytes={offset}-{end}")["Body"]
-                data = body.read()
-                if len(data) != end - offset + 1:
-                    raise ConnectionError(f"short read: {len(data)} of {end - offset + 1} bytes")
-                return data
-
-            data = self._call("download", key, read_range)
+            data = self.get_range(key, offset, min(chunk, size - offset))
             offset += len(data)
             yield data
 

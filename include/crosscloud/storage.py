@@ -48,6 +48,10 @@ class ObjectStore:
         """An object's bytes, ``chunk`` at a time."""
         raise NotImplementedError
 
+    def get_range(self, key: str, start: int, length: int) -> bytes:
+        """``length`` bytes of an object from ``start``: how chunks are read out of packs."""
+        raise NotImplementedError
+
     def put_if_absent(self, key: str, data: bytes) -> bool:
         """Create ``key`` only if it does not exist; False if it already did."""
         raise NotImplementedError
@@ -112,6 +116,14 @@ class LocalStore(ObjectStore):
             while data := fh.read(chunk):
                 yield data
 
+    def get_range(self, key: str, start: int, length: int) -> bytes:
+        try:
+            with open(self._path(key), "rb") as fh:
+                fh.seek(start)
+                return fh.read(length)
+        except FileNotFoundError:
+            raise ObjectNotFound(f"cloud {self.cloud}: no object {key!r} under {self.root}") from None
+
     def put_if_absent(self, key: str, data: bytes) -> bool:
         path, tmp = self._staged(key, io.BytesIO(data))
         try:
@@ -169,6 +181,9 @@ class TenantStore(ObjectStore):
 
     def iter_chunks(self, key: str, chunk: int = CHUNK) -> Iterator[bytes]:
         return self.inner.iter_chunks(self._check(key), chunk)
+
+    def get_range(self, key: str, start: int, length: int) -> bytes:
+        return self.inner.get_range(self._check(key), start, length)
 
     def put_if_absent(self, key: str, data: bytes) -> bool:
         return self.inner.put_if_absent(self._check(key), data)

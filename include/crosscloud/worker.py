@@ -27,7 +27,7 @@ from crosscloud.model import build_model, lm_loss
 from crosscloud.model import batches as sample_batches
 from crosscloud.partition import apportion
 from crosscloud.plan import Plan
-from crosscloud.preheat import read_blob
+from crosscloud.artifacts import read_blob
 from crosscloud.presets import ModelConfig
 from crosscloud.storage import ObjectStore, open_store
 from crosscloud.tensors import from_bytes, to_bytes

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import subprocess
@@ -13,9 +12,10 @@ import time
 import pytest
 
 from crosscloud.commit import IntegrityError, read_step, write_step
-from crosscloud.names import blob_key
+from crosscloud.artifacts import ChunkIndex, put_blob, read_blob
+from crosscloud.names import manifest_key
 from crosscloud.plan import BlobRef
-from crosscloud.preheat import TransferReport, copy_blob, put_blob
+from crosscloud.preheat import RateCap, TransferReport, fetch
 from crosscloud.s3 import S3Store
 from crosscloud.storage import ObjectNotFound, StoreError, TenantStore
 
@@ -70,51 +70,66 @@ def test_unreachable_store_is_retried_until_its_deadline(s3_servers):
         s.get("k")
 
 
-def test_cross_cloud_copy_streams_verifies_and_never_sends_twice(s3_servers):
+def test_cross_cloud_transfer_verifies_and_never_sends_twice(s3_servers):
     src, dst = store(s3_servers["beijing"]), store(s3_servers["singapore"])
-    data = os.urandom(20 * 1024 * 1024 + 123)  # several multipart parts
+    data = os.urandom(20 * 1024 * 1024 + 123)
     ref, _ = put_blob(src, "team-a", data)
     report = TransferReport()
-    copy_blob(src, dst, "team-a", ref, report)
-    copy_blob(src, dst, "team-a", ref, report)
+    assert fetch(dst, [src], "team-a", ref, report) == len(data)
+    assert fetch(dst, [src], "team-a", ref, report) == 0
     assert report.sent_bytes["singapore"] == len(data)
-    assert report.skipped_bytes["singapore"] == len(data)
-    assert hashlib.sha256(dst.get(blob_key("team-a", ref.sha256))).hexdigest() == ref.sha256
+    assert report.sources == {"beijing": len(data)}
+    assert read_blob(dst, "team-a", ref) == data
 
 
-def test_corrupted_source_is_not_copied(s3_servers):
-    src, dst = store(s3_servers["beijing"]), store(s3_servers["shanghai"])
-    ref = BlobRef.of(b"the real content")
-    src.put(blob_key("team-a", ref.sha256), b"the real c0ntent")
-    with pytest.raises(IntegrityError, match="corrupted at the source"):
-        copy_blob(src, dst, "team-a", ref, TransferReport())
-    assert not dst.exists(blob_key("team-a", ref.sha256))
+def test_corrupted_chunk_at_the_nearest_source_is_read_from_the_next(s3_servers):
+    near, far, dst = (store(s3_servers[name], prefix="flipped") for name in ("beijing", "shanghai", "singapore"))
+    data = os.urandom(3 * 1024 * 1024)
+    ref, _ = put_blob(near, "team-a", data)
+    put_blob(far, "team-a", data)
+    pack = next(k for k in near.list("team-a/packs") if not k.endswith(".idx"))
+    body = bytearray(near.get(pack))
+    body[100] ^= 0xFF  # one flipped bit in the first chunk at the nearest source
+    near.put(pack, bytes(body))
+    report = TransferReport()
+    fetch(dst, [near, far], "team-a", ref, report)
+    assert report.sources["shanghai"] > 0  # the bad chunk came from the next source
+    assert read_blob(dst, "team-a", ref) == data
+
+
+def test_corrupted_source_is_never_stored(s3_servers):
+    src, dst = store(s3_servers["beijing"], prefix="bad"), store(s3_servers["shanghai"], prefix="bad")
+    ref, _ = put_blob(src, "team-a", b"the real content")
+    pack = next(k for k in src.list("team-a/packs") if not k.endswith(".idx"))
+    src.put(pack, b"the real c0ntent")
+    with pytest.raises(IntegrityError, match="no source holds an intact copy"):
+        fetch(dst, [src], "team-a", ref, TransferReport())
+    assert not dst.exists(manifest_key("team-a", ref.sha256))
+    assert not ChunkIndex(dst, "team-a").where
 
 
 def test_transfer_survives_the_target_server_restarting(s3_servers, tmp_path):
-    """moto keeps objects in memory, so the restarted server starts empty but for its bucket, which
-    is re-created as a real server's would persist; the copy completes by sending again."""
+    """The target refuses connections for a while and comes back empty but for its bucket (moto keeps
+    objects in memory); the transfer retries and completes. A rate cap puts the outage in its middle."""
     from s3servers import S3Server
 
-    target = S3Server("restarting", tmp_path)
+    target = S3Server("restarting", tmp_path, restartable=True)
     target.start()
     target.make_bucket("crosscloud")
-    src = store(s3_servers["beijing"])
+    src = store(s3_servers["beijing"], prefix="restart")
     dst = store(target, retry_deadline_s=60)
-    data = os.urandom(64 * 1024 * 1024)
+    data = os.urandom(48 * 1024 * 1024)
     ref, _ = put_blob(src, "team-a", data)
 
     def restart():
-        time.sleep(0.3)
-        target.stop()
         time.sleep(1.0)
-        target.start()
-        target.make_bucket("crosscloud")
+        target.restart(down_s=1.0, buckets=["crosscloud"])
 
     thread = threading.Thread(target=restart)
     thread.start()
     try:
-        copy_blob(src, dst, "team-a", ref, TransferReport())
+        fetch(dst, [src], "team-a", ref, TransferReport(), rate=RateCap(16 * 1024 * 1024))
+        assert read_blob(dst, "team-a", ref) == data
     finally:
         thread.join()
         target.stop()
@@ -135,29 +150,20 @@ def test_tenants_cannot_read_each_others_runs(s3_servers):
 
 
 SETUP = """
-import io, sys
+import json, os, sys
 sys.path.insert(0, {include!r})
+from crosscloud.artifacts import put_blob
 from crosscloud.s3 import S3Store
 src = S3Store("a", "crosscloud", "big", endpoint_url={src!r}, credentials={creds!r})
-block = bytes(range(256)) * 4096  # 1 MiB
-class Source(io.RawIOBase):
-    def __init__(self): self.left = {size}
-    def readable(self): return True
-    def readinto(self, b):
-        n = min(len(b), self.left)
-        for i in range(0, n, len(block)):
-            m = min(len(block), n - i)
-            b[i:i + m] = block[:m]
-        self.left -= n
-        return n
-src.put_stream({key!r}, io.BufferedReader(Source(), 8 << 20))
+ref, _ = put_blob(src, "t", os.urandom({size}))  # incompressible: nothing dedupes
+print(json.dumps(ref.model_dump()))
 """
 
 COPY = """
 import json, sys, time
 sys.path.insert(0, {include!r})
 from crosscloud.plan import BlobRef
-from crosscloud.preheat import TransferReport, copy_blob
+from crosscloud.preheat import TransferReport, fetch
 from crosscloud.s3 import S3Store
 src = S3Store("a", "crosscloud", "big", endpoint_url={src!r}, credentials={creds!r})
 dst = S3Store("b", "crosscloud", "big", endpoint_url={dst!r}, credentials={creds!r})
@@ -167,7 +173,7 @@ def peak_mb():  # VmHWM: this process's own peak RSS (ru_maxrss would include th
 start = peak_mb()
 t = time.time()
 report = TransferReport()
-copy_blob(src, dst, "t", BlobRef(sha256={digest!r}, size={size}), report)
+fetch(dst, [src], "t", BlobRef(sha256={digest!r}, size={size}), report)
 print(json.dumps({{"peak_rss_mb": peak_mb(), "rss_at_start_mb": start,
                   "seconds": time.time() - t, "sent": report.sent_bytes}}))
 """
@@ -185,14 +191,10 @@ def test_one_gib_transfer_between_two_servers_in_bounded_memory(s3_servers, tmp_
     from pathlib import Path
 
     include = str(Path(__file__).resolve().parents[2] / "include")
-    block = bytes(range(256)) * 4096
-    digest = hashlib.sha256()
-    for offset in range(0, size, len(block)):
-        digest.update(block[: min(len(block), size - offset)])
-    key = f"t/blobs/sha256/{digest.hexdigest()}"
     servers = {"src": s3_servers["beijing"].endpoint, "dst": s3_servers["shanghai"].endpoint, "creds": CREDS}
-    _python(SETUP.format(include=include, size=size, key=key, **servers))  # the source, made by another process
-    result = json.loads(_python(COPY.format(include=include, size=size, digest=digest.hexdigest(), **servers)).strip().splitlines()[-1])
+    made = _python(SETUP.format(include=include, size=size, **servers))  # the source, made by another process
+    digest = json.loads(made.strip().splitlines()[-1])["sha256"]
+    result = json.loads(_python(COPY.format(include=include, size=size, digest=digest, **servers)).strip().splitlines()[-1])
     print(f"\n{size >> 20} MiB between two S3 servers: peak RSS {result['peak_rss_mb']:.0f} MB"
           f" ({result['rss_at_start_mb']:.0f} MB before the copy), {result['seconds']:.1f} s")
     (tmp_path / "big-transfer.json").write_text(json.dumps(result))

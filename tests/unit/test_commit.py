@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from crosscloud.commit import IntegrityError, read_commit, read_step, write_step
-from crosscloud.names import RunKeys, blob_key
+from crosscloud.names import RunKeys, manifest_key
 from crosscloud.storage import LocalStore, StoreError
 
 
@@ -56,6 +56,6 @@ def test_names_cannot_escape_their_prefix(store):
         with pytest.raises(ValueError, match="not allowed"):
             RunKeys(bad, "run")
     with pytest.raises(ValueError, match="sha256"):
-        blob_key("team-a", "../../etc/passwd")
+        manifest_key("team-a", "../../etc/passwd")
     with pytest.raises(StoreError, match="escapes the store root"):
         store.put("../outside", b"x")
