@@ -7,6 +7,7 @@ import json
 import sys
 
 from crosscloud import membership
+from crosscloud.catalog import load_catalog
 from crosscloud.federation import load_federation
 from crosscloud.inventory import collect
 from crosscloud.ledger import Ledger
@@ -69,6 +70,27 @@ where to look (same state folder):
 """
 
 
+def _warm(args) -> int:
+    fed = load_federation(args.federation)
+    cat = load_catalog(fed, args.tenant)
+    rows = []
+    for sha, m in sorted(cat.manifests.items(), key=lambda kv: (kv[1].kind, kv[0])):
+        cells = {}
+        for cloud in cat.stores:
+            w = cat.warmth(sha, cloud, verify=args.verify)
+            cells[cloud] = "warm" if w.warm else (f"{w.corrupt_chunks} corrupt" if w.corrupt_chunks else
+                                                  f"{w.missing_bytes / 2**20:.1f} MiB missing")
+        rows.append({"artifact": sha, "kind": m.kind, "size": m.size, "clouds": cells})
+    if args.json:
+        print(json.dumps(rows, indent=2))
+        return 0
+    clouds = list(cat.stores)
+    print(f"{'artifact':<14}{'kind':<10}{'MiB':>8}" + "".join(f"{c:>18}" for c in clouds))
+    for r in rows:
+        print(f"{r['artifact'][:12]:<14}{r['kind']:<10}{r['size'] / 2**20:>8.2f}" + "".join(f"{r['clouds'][c]:>18}" for c in clouds))
+    return 0
+
+
 def _cloud(args) -> int:
     fed = load_federation(args.federation)
     if args.action == "join":
@@ -94,6 +116,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--tenant", help="show only this tenant's use and runs")
     p.add_argument("--federation")
     p.add_argument("--json", action="store_true")
+    p = sub.add_parser("warm", help="is each artifact really warm on each cloud: present and (with --verify) intact")
+    p.add_argument("--tenant", default="team-a")
+    p.add_argument("--federation")
+    p.add_argument("--verify", action="store_true", help="read and hash every chunk, not only the index")
+    p.add_argument("--json", action="store_true")
     p = sub.add_parser("cloud", help="join (check and admit), drain or activate a cloud at runtime")
     p.add_argument("action", choices=["join", "drain", "activate"])
     p.add_argument("name")
@@ -108,6 +135,8 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.command == "cloud":
         return _cloud(args)
+    if args.command == "warm":
+        return _warm(args)
     if args.command == "release":
         print(f"released {Ledger().release(args.tenant, args.run_id)} device(s) of run {args.run_id}")
         return 0

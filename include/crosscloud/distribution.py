@@ -148,6 +148,16 @@ class CloudPlan:
             "evict_bytes": self.evict_bytes,
         }
 
+    @classmethod
+    def from_dict(cls, d: dict) -> CloudPlan:
+        """The inverse of ``to_dict``: a stored plan is carried out as it was shown."""
+        return cls(
+            cloud=d["cloud"], budget=d["budget"], used_bytes=d["used_bytes"], pinned=list(d["pinned"]),
+            fetch=[(f["artifact"], f["missing_bytes"], f["score"]) for f in d["fetch"]],
+            keep=[(k["artifact"], k["bytes"], k["score"]) for k in d["keep"]],
+            evict=[(e["artifact"], e["bytes"]) for e in d["evict"]],
+        )
+
 
 @dataclass
 class DistributionPlan:

@@ -36,6 +36,13 @@ CREATE TABLE IF NOT EXISTS reservations (
     released_at REAL
 );
 CREATE INDEX IF NOT EXISTS reservations_active ON reservations (released_at, tenant, run_id);
+CREATE TABLE IF NOT EXISTS pins (
+    tenant TEXT NOT NULL,
+    artifact TEXT NOT NULL,
+    cloud TEXT NOT NULL,
+    expires_at REAL NOT NULL,
+    PRIMARY KEY (tenant, artifact, cloud)
+);
 CREATE TABLE IF NOT EXISTS clouds (
     cloud TEXT PRIMARY KEY,
     state TEXT,
@@ -196,6 +203,20 @@ class Ledger:
                 (time.time(), tenant, run_id),
             )
             return held
+
+    # -- pins: artifacts kept warm on a cloud until a time, whatever their demand --------
+    def pin(self, tenant: str, artifact: str, cloud: str, expires_at: float) -> None:
+        with self._write() as db:
+            db.execute(
+                "INSERT INTO pins (tenant, artifact, cloud, expires_at) VALUES (?, ?, ?, ?) ON CONFLICT "
+                "(tenant, artifact, cloud) DO UPDATE SET expires_at = excluded.expires_at",
+                (tenant, artifact, cloud, expires_at),
+            )
+
+    def pins(self, tenant: str) -> list[tuple[str, str, float]]:
+        """(artifact, cloud, expires_at) of a tenant's pins, expired ones included (the planner ignores them)."""
+        with self._connect() as db:
+            return db.execute("SELECT artifact, cloud, expires_at FROM pins WHERE tenant = ?", (tenant,)).fetchall()
 
     # -- cloud membership --------------------------------------------------------------
     def set_state(self, cloud: str, state: str) -> None:

@@ -122,6 +122,7 @@ def admit_stage(
             shards=shard_refs,
             held_out=held_ref,
             init=init_ref,
+            created_at=time.time(),
         )
         if experiment:
             from crosscloud.tracking import Tracker

@@ -69,6 +69,7 @@ class Plan(_Model):
     held_out: BlobRef
     init: BlobRef
     tracking: dict = Field(default_factory=dict)
+    created_at: float = 0.0  # when the run was admitted: its age in the artifacts' demand
 
     @property
     def keys(self) -> RunKeys:

@@ -32,9 +32,9 @@ def test_finished_subtask_reports_success_and_its_output():
 
 def test_failing_subtask_reports_failure():
     backend = get_backend("local")
-    handle = backend.start(_spec("bad", "no_such_module_here", []))
+    handle = backend.start(_spec("bad", "crosscloud.probe", []))  # exits 2: its arguments are missing
     assert _wait(backend, handle) == "failed"
-    assert "No module named" in backend.logs(handle)[0]
+    assert "the following arguments are required" in backend.logs(handle)[0]
 
 
 def test_stop_ends_the_whole_process_group_and_retry_does_not_duplicate():
@@ -53,3 +53,8 @@ def test_stop_ends_the_whole_process_group_and_retry_does_not_duplicate():
 def test_unknown_access_method_is_named():
     with pytest.raises(SubTaskError, match="no engine backend for access method 'carrier-pigeon'"):
         get_backend("carrier-pigeon")
+
+
+def test_a_missing_worker_environment_is_refused_before_starting():
+    with pytest.raises(SubTaskError, match="lacks 'no_such_module_here'"):
+        get_backend("local").start(_spec("env", "no_such_module_here", []))

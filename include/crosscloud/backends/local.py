@@ -8,6 +8,7 @@ task - the coordinator, a UI, a kill callback - can find, read and stop it.
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import shlex
@@ -40,7 +41,18 @@ class LocalBackend(Backend):
         handle_file = _subtasks_root() / tenant / run_id / cloud / "handle.json"
         return json.loads(handle_file.read_text()) if handle_file.exists() else None
 
+    @staticmethod
+    def check_environment(spec: SubTaskSpec) -> None:
+        """A local cloud's "image" is this environment: the worker's module and torch must import here."""
+        for module in (spec.module, "torch"):
+            if importlib.util.find_spec(module) is None:
+                raise SubTaskError(
+                    f"cloud {spec.cloud}: the environment {sys.executable} lacks {module!r}; install the package there "
+                    "(make install) before dispatching"
+                )
+
     def start(self, spec: SubTaskSpec) -> Handle:
+        self.check_environment(spec)
         folder = _subtasks_root() / spec.tenant / spec.run_id / spec.cloud
         folder.mkdir(parents=True, exist_ok=True)
         handle = self.find(spec.tenant, spec.run_id, spec.cloud)

@@ -1,0 +1,76 @@
+"""Distribution over real stores: demand from real runs, pins, eviction that frees packs, fetches that warm."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+
+from crosscloud.artifacts import put_blob
+from crosscloud.catalog import apply, load_catalog, plan_distribution
+from crosscloud.federation import load_federation
+from crosscloud.job import JobSpec
+from crosscloud.ledger import Ledger
+from crosscloud.pipeline import admit_stage, preheat_stage, release_stage
+
+T = "team-b"  # a tenant of its own, so other tests' runs do not count as demand here
+
+
+@pytest.fixture(scope="module")
+def run():
+    ref = admit_stage(JobSpec(tenant=T, rounds=1, inner_steps=1, model_size="tiny"), "catalog-run")
+    preheat_stage(ref)
+    release_stage(ref)
+    return ref.load()
+
+
+def test_demand_comes_from_runs_and_cold_artifacts_are_evicted(run, tmp_path):
+    fed, plan = run
+    cold = os.urandom(400_000)
+    cold_ref, _ = put_blob(load_catalog(fed, T, ["shanghai"]).stores["shanghai"], T, cold, kind="checkpoint")
+    clouds = [c.name for c in plan.clouds]
+    cat, result = plan_distribution(fed, T, clouds, 10**9, 7 * 86400, ledger=Ledger(tmp_path / "l.sqlite"))
+    used_there = {p.sha256 for c in plan.clouds if c.name == "shanghai" for p in [plan.init, *(plan.shards[i] for i in c.shards)]}
+    shanghai = result.clouds["shanghai"]
+    assert {a for a, _, _ in shanghai.keep} == used_there  # what its run read stays warm
+    assert [a for a, _ in shanghai.evict] == [cold_ref.sha256]  # nobody needs the checkpoint
+    done = apply(fed, cat, shanghai)
+    assert done["freed_bytes"] >= len(cold)  # its pack held nothing a kept artifact uses
+    after = load_catalog(fed, T, ["shanghai"])
+    assert cold_ref.sha256 not in after.present["shanghai"]
+    assert all(after.warmth(sha, "shanghai", verify=True).warm for sha in used_there)
+
+
+def test_a_pinned_artifact_is_fetched_and_kept_whatever_its_demand(run, tmp_path):
+    fed, plan = run
+    ledger = Ledger(tmp_path / "l.sqlite")
+    cat, result = plan_distribution(fed, T, ["beijing", "singapore"], 10**9, 7 * 86400, pin=[plan.init.sha256],
+                                    pin_s=3600, ledger=ledger)
+    singapore = result.clouds["singapore"]
+    assert plan.init.sha256 in singapore.pinned and plan.init.sha256 in [a for a, _, _ in singapore.fetch]
+    done = apply(fed, cat, singapore)
+    assert done["total_sent_bytes"] > 0 and set(done["read_from"]) == {"beijing"}
+    assert load_catalog(fed, T, ["singapore"]).warmth(plan.init.sha256, "singapore", verify=True).warm
+    again = apply(fed, load_catalog(fed, T, ["beijing", "singapore"]), singapore)
+    assert again["total_sent_bytes"] == 0  # never sent twice
+
+
+def test_pins_over_budget_and_unknown_artifacts_are_refused(run, tmp_path):
+    fed, plan = run
+    with pytest.raises(ValueError, match="not in tenant team-b's catalog"):
+        plan_distribution(fed, T, ["beijing"], 10**9, 86400, pin=["0" * 64], pin_s=60, ledger=Ledger(tmp_path / "a"))
+    with pytest.raises(ValueError, match="beijing"):
+        plan_distribution(fed, T, ["beijing"], 10, 86400, pin=[plan.init.sha256], pin_s=60, ledger=Ledger(tmp_path / "b"))
+
+
+def test_warm_command_shows_each_artifact_on_each_cloud(run, capsys):
+    from crosscloud import cli
+
+    _, plan = run
+    assert cli.main(["warm", "--tenant", T, "--json", "--verify"]) == 0
+    rows = {r["artifact"]: r for r in json.loads(capsys.readouterr().out)}
+    assert rows[plan.init.sha256]["clouds"]["beijing"] == "warm"
+    shard_of_beijing = plan.shards[plan.cloud("beijing").shards[0]].sha256
+    assert rows[shard_of_beijing]["clouds"]["beijing"] == "warm"
+    assert rows[plan.init.sha256]["kind"] == "model"
