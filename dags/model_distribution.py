@@ -16,7 +16,8 @@ budget, so a task that lands or migrates there starts at once.
 2. **apply_distribution** (one mapped task per cloud) carries that plan out:
    evictions first (manifests, then packs no kept artifact uses), then
    fetches through the preheat path: only missing chunks, from the nearest
-   cloud holding them, verified.
+   cloud holding them, verified, capped at `link_share` of the cloud's link
+   while runs train there.
 3. **check_warm** reads every chunk of what each cloud holds and fails if
    anything is missing or corrupted.
 
@@ -47,6 +48,8 @@ from airflow.sdk import Param, dag, get_current_context, task
         "clouds": Param([], type="array", items={"type": "string"}, description="Clouds to plan (empty: all)."),
         "budget_gb": Param(50.0, type="number", exclusiveMinimum=0, description="Bytes each cloud may hold, in GB."),
         "pin_hours": Param(24.0, type="number", minimum=0, description="How long the given artifacts stay pinned."),
+        "link_share": Param(0.5, type="number", exclusiveMinimum=0, maximum=1,
+                            description="Share of a cloud's link preheating may use while runs train there."),
         "half_life_days": Param(7.0, type="number", exclusiveMinimum=0, description="Age at which a run's demand halves."),
     },
 )
@@ -75,7 +78,7 @@ def model_distribution():
     def apply_distribution(cloud: str, plan_key: str) -> dict:
         import json
 
-        from crosscloud.catalog import apply, load_catalog
+        from crosscloud.catalog import apply, load_catalog, protective_cap
         from crosscloud.distribution import CloudPlan
         from crosscloud.federation import load_federation
         from crosscloud.storage import open_store
@@ -85,7 +88,9 @@ def model_distribution():
         p, fed = get_current_context()["params"], load_federation()
         stored = json.loads(open_store(fed.local_cloud, p["tenant"]).get(plan_key))
         cat = load_catalog(fed, p["tenant"], list(stored["clouds"]))
-        done = apply(fed, cat, CloudPlan.from_dict(stored["clouds"][cloud]))  # idempotent: a retry sends only what is missing
+        rate = protective_cap(fed, cloud, p["link_share"])
+        # idempotent: a retry sends only what is still missing
+        done = apply(fed, cat, CloudPlan.from_dict(stored["clouds"][cloud]), rate)
         print(f"{cloud}: evicted {len(done['evicted'])} ({done['freed_bytes']} bytes freed), fetched "
               f"{len(done['fetched'])} ({done['total_sent_bytes']} bytes sent, read from {done['read_from']})")
         return done

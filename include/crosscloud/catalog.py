@@ -117,6 +117,19 @@ def collect_garbage(store: ObjectStore, tenant: str, index: ChunkIndex, keep: li
     return freed
 
 
+def protective_cap(fed: Federation, cloud: str, link_share: float, ledger: Ledger | None = None) -> RateCap | None:
+    """A cap of ``link_share`` of the cloud's fastest declared link while runs hold devices there, else none.
+
+    Preheating must not starve the pseudo-gradient and checkpoint exchange of
+    a run training on that cloud; an idle cloud takes transfers at full speed.
+    """
+    busy = any(c == cloud for c, _ in (ledger or Ledger()).usage().pools)
+    links = [link.bandwidth_mbps for link in fed.links if cloud in (link.a, link.b)]
+    if not busy or not links or link_share >= 1:
+        return None
+    return RateCap(link_share * max(links) * 1e6 / 8)
+
+
 def apply(fed: Federation, cat: Catalog, part: CloudPlan, rate: RateCap | None = None) -> dict:
     """Carry out one cloud's part of a plan: evict, free unused packs, fetch what is missing."""
     cloud, store = part.cloud, cat.stores[part.cloud]

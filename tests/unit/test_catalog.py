@@ -74,3 +74,13 @@ def test_warm_command_shows_each_artifact_on_each_cloud(run, capsys):
     shard_of_beijing = plan.shards[plan.cloud("beijing").shards[0]].sha256
     assert rows[shard_of_beijing]["clouds"]["beijing"] == "warm"
     assert rows[plan.init.sha256]["kind"] == "model"
+
+
+def test_transfers_are_capped_only_while_runs_train_on_the_cloud(tmp_path):
+    from crosscloud.catalog import protective_cap
+
+    fed, ledger = load_federation(), Ledger(tmp_path / "l.sqlite")
+    assert protective_cap(fed, "singapore", 0.5, ledger) is None  # idle: full speed
+    ledger.admit("team-a", "training", lambda usage: [("singapore", "cpu", 1)], {("singapore", "cpu"): 2}, {"singapore": 2})
+    cap = protective_cap(fed, "singapore", 0.5, ledger)
+    assert cap.rate == 0.5 * 100e6 / 8  # half of its 100 Mbit/s links
