@@ -5,7 +5,7 @@ STAMP := $(VENV)/.installed-stamp
 ENV := source scripts/env.sh &&
 SHELL := /bin/bash
 
-.PHONY: install demo test bench-gap bench-scheduling airflow-ui mlflow-ui clean
+.PHONY: install demo test bench-gap bench-scheduling bench-preheat airflow-ui mlflow-ui clean
 
 $(STAMP): requirements.txt requirements-dev.txt constraints.txt pyproject.toml
 	python3 -m venv $(VENV)
@@ -27,6 +27,9 @@ bench-gap: install
 
 bench-scheduling: install
 	$(ENV) $(PY) bench/scheduling.py $(ARGS)
+
+bench-preheat: install
+	$(ENV) $(PY) bench/preheat.py $(ARGS)
 
 airflow-ui: install
 	$(ENV) mkdir -p $$AIRFLOW_HOME && $(VENV)/bin/airflow standalone

@@ -164,15 +164,19 @@ class PackWriter:
         self._buf, self._entries, self._size = [], {}, 0
 
 
-def put_blob(store: ObjectStore, tenant: str, data: bytes, kind: str = "blob") -> tuple[BlobRef, int]:
-    """Store ``data`` as an artifact; returns its ref and the chunk bytes this cloud did not hold yet."""
+def put_blob(store: ObjectStore, tenant: str, data: bytes, kind: str = "blob",
+             index: ChunkIndex | None = None) -> tuple[BlobRef, int]:
+    """Store ``data`` as an artifact; returns its ref and the chunk bytes this cloud did not hold yet.
+
+    Pass the cloud's ``index`` when storing several artifacts, so it is read once.
+    """
     ref = BlobRef.of(data)
     if store.exists(manifest_key(tenant, ref.sha256)):
         return ref, 0
     fmt, spans = chunk_spans(data)
     view = memoryview(data)
     chunks = [Chunk(hashlib.sha256(view[o : o + n]).hexdigest(), n, label) for o, n, label in spans]
-    writer = PackWriter(store, tenant, ChunkIndex(store, tenant))
+    writer = PackWriter(store, tenant, index if index is not None else ChunkIndex(store, tenant))
     for (o, n, _), c in zip(spans, chunks):
         writer.add(c.sha256, view[o : o + n])
     writer.flush()
@@ -182,7 +186,7 @@ def put_blob(store: ObjectStore, tenant: str, data: bytes, kind: str = "blob") -
 
 def load_manifest(store: ObjectStore, tenant: str, ref: BlobRef) -> Manifest:
     manifest = Manifest.from_json(store.get(manifest_key(tenant, ref.sha256)))
-    if manifest.sha256 != ref.sha256 or manifest.size != ref.size:
+    if manifest.sha256 != ref.sha256 or manifest.size != ref.size or sum(c.size for c in manifest.chunks) != ref.size:
         raise IntegrityError(f"cloud {store.cloud}: manifest of {ref.sha256[:12]} describes other content")
     return manifest
 

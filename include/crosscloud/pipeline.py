@@ -61,7 +61,8 @@ def _materialize_inputs(fed: Federation, spec: JobSpec, cfg: ModelConfig):
     ds = fed.dataset(spec.dataset)
     shards, held_out = build_corpus(ds.shards, spec.seed)
     data_home = open_store(fed.cloud(ds.home), spec.tenant)
-    shard_refs = [put_blob(data_home, spec.tenant, s, kind="dataset")[0] for s in shards]
+    index = ChunkIndex(data_home, spec.tenant)
+    shard_refs = [put_blob(data_home, spec.tenant, s, kind="dataset", index=index)[0] for s in shards]
     home = open_store(fed.local_cloud, spec.tenant)
     held_ref, _ = put_blob(home, spec.tenant, held_out, kind="dataset")
     init = build_model(cfg, spec.seed).state_dict()

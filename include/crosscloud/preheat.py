@@ -60,9 +60,9 @@ class RateCap:
             return
         with self.lock:
             now = time.monotonic()
-            start = max(now, self.next_free)
-            self.next_free = start + nbytes / self.rate
-        time.sleep(max(0.0, self.next_free - now))
+            self.next_free = max(now, self.next_free) + nbytes / self.rate
+            wait = self.next_free - now  # this caller's own slot, read under the lock
+        time.sleep(wait)
 
 
 def _release_large_buffers() -> None:
@@ -90,8 +90,13 @@ def _manifest_from(sources: list[ObjectStore], tenant: str, ref: BlobRef) -> Man
 
 
 def fetch(dst: ObjectStore, sources: list[ObjectStore], tenant: str, ref: BlobRef, report: TransferReport,
-          rate: RateCap | None = None, workers: int = 4, index: ChunkIndex | None = None) -> int:
-    """Make ``dst`` hold the artifact; ``sources`` nearest first. Returns the bytes sent."""
+          rate: RateCap | None = None, workers: int = 4, index: ChunkIndex | None = None,
+          source_indexes: dict[str, ChunkIndex] | None = None) -> int:
+    """Make ``dst`` hold the artifact; ``sources`` nearest first. Returns the bytes sent.
+
+    ``index`` and ``source_indexes`` (by cloud) let a caller fetching several
+    artifacts read each cloud's index once instead of once per artifact.
+    """
     _release_large_buffers()
     index = index or ChunkIndex(dst, tenant)
     if dst.exists(manifest_key(tenant, ref.sha256)) and not index.missing(load_manifest(dst, tenant, ref).unique()):
@@ -100,7 +105,11 @@ def fetch(dst: ObjectStore, sources: list[ObjectStore], tenant: str, ref: BlobRe
     others = [s for s in sources if s.cloud != dst.cloud]
     manifest = _manifest_from(others, tenant, ref)
     needed = index.missing(manifest.unique())
-    holders = [(src, ChunkIndex(src, tenant)) for src in others]
+    source_indexes = source_indexes if source_indexes is not None else {}
+    for src in others:
+        if src.cloud not in source_indexes:
+            source_indexes[src.cloud] = ChunkIndex(src, tenant)
+    holders = [(src, source_indexes[src.cloud]) for src in others]
     writer, rate = PackWriter(dst, tenant, index), rate or RateCap(None)
 
     def obtain(digests: list[str], candidates: list[tuple[ObjectStore, ChunkIndex]]) -> tuple[str, dict[str, memoryview]]:
@@ -146,9 +155,9 @@ def fetch(dst: ObjectStore, sources: list[ObjectStore], tenant: str, ref: BlobRe
 def fetch_all(dst: ObjectStore, sources: list[ObjectStore], tenant: str, refs: list[BlobRef], report: TransferReport,
               rate: RateCap | None = None) -> None:
     """Several artifacts to one cloud, reading its index once."""
-    index = ChunkIndex(dst, tenant)
+    index, source_indexes = ChunkIndex(dst, tenant), {}
     for ref in refs:
         try:
-            fetch(dst, sources, tenant, ref, report, rate, index=index)
+            fetch(dst, sources, tenant, ref, report, rate, index=index, source_indexes=source_indexes)
         except StoreError as exc:
             raise StoreError(f"preheat of {ref.sha256[:12]} to {dst.cloud}: {exc}") from exc
