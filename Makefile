@@ -5,7 +5,7 @@ STAMP := $(VENV)/.installed-stamp
 ENV := source scripts/env.sh &&
 SHELL := /bin/bash
 
-.PHONY: install demo test bench-gap bench-scheduling bench-preheat airflow-ui mlflow-ui clean
+.PHONY: install demo test bench-gap bench-scheduling bench-preheat bench-electricity bench-demand-response airflow-ui mlflow-ui clean
 
 $(STAMP): requirements.txt requirements-dev.txt constraints.txt pyproject.toml
 	python3 -m venv $(VENV)
@@ -30,6 +30,12 @@ bench-scheduling: install
 
 bench-preheat: install
 	$(ENV) $(PY) bench/preheat.py $(ARGS)
+
+bench-electricity: install
+	$(ENV) $(PY) bench/electricity.py $(ARGS)
+
+bench-demand-response: install
+	$(ENV) $(PY) bench/demand_response.py $(ARGS)
 
 airflow-ui: install
 	$(ENV) mkdir -p $$AIRFLOW_HOME && $(VENV)/bin/airflow standalone

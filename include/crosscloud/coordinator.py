@@ -21,7 +21,8 @@ from crosscloud.commit import IntegrityError, read_commit, read_object, write_st
 from crosscloud.compression import decode
 from crosscloud.model import build_model, evaluate
 from crosscloud.outer import SYNCHRONOUS, OuterConfig, outer_step, weighted_mean
-from crosscloud.partition import rebalance_shares
+from crosscloud.demand_response import read_directives
+from crosscloud.partition import apportion, rebalance_shares
 from crosscloud.plan import Plan
 from crosscloud.artifacts import read_blob
 from crosscloud.presets import ModelConfig
@@ -160,6 +161,30 @@ class Coordinator:
         commit = read_commit(home, self.plan.keys.global_step(source))
         return (commit or {}).get("meta", {}).get("next_shares") or planned
 
+    def next_round(self, shares: dict[str, int], clouds: dict[str, dict], home: ObjectStore) -> dict:
+        """Shares and power caps for the next round: measured speeds (``adapt_shares``) and grid directives.
+
+        A cloud told to shift trains nothing (share 0: its devices idle) and its
+        share goes to the run's other clouds by throughput; a throttled cloud
+        runs under the cap, at the throughput the DVFS curve keeps. With no
+        directive left, a cloud gets its planned share back.
+        """
+        spec, planned = self.plan.spec, {c.name: c.share for c in self.plan.clouds}
+        directives = read_directives(home, self.plan.keys.root)
+        shifted = {c for c, d in directives.items() if d["kind"] == "shift" and c in planned}
+        if shifted:
+            keep = [c.name for c in self.plan.clouds if c.name not in shifted]
+            if not keep:
+                raise SubTaskLost(f"run {self.plan.run_id}: every cloud is told to shift its work away; nothing can train")
+            nxt = {**dict(zip(keep, apportion(spec.global_batch, [self.plan.cloud(c).throughput for c in keep]))),
+                   **{c: 0 for c in shifted}}
+        elif spec.adapt_shares and all(n > 0 for n in shares.values()):
+            nxt = rebalance_shares(shares, {c: clouds[c]["mean_step_s"] for c in shares}, spec.global_batch)
+        else:
+            nxt = planned
+        caps = {c: {"cap": d["cap"], "throughput": d["throughput"]} for c, d in directives.items() if d["kind"] == "throttle"}
+        return {"caps": caps, **({"next_shares": nxt} if nxt != planned or spec.adapt_shares else {})}
+
     def run(self) -> list[dict]:
         plan, spec, home = self.plan, self.plan.spec, self.stores[self.home]
         cfg = outer_config(plan)
@@ -191,9 +216,7 @@ class Coordinator:
                 "shares": shares,
                 "clouds": {c: _cloud_record(commits[c]["meta"]) for c in sorted(commits)},
             }
-            if spec.adapt_shares:
-                step_s = {c: rec["mean_step_s"] for c, rec in record["clouds"].items()}
-                record["next_shares"] = rebalance_shares(shares, step_s, spec.global_batch)
+            record.update(self.next_round(shares, record["clouds"], home))
             publish_global(self.stores, self.home, plan, r + 1, _global_objects(params, momentum), meta=record)
             record["sync_s"] = time.perf_counter() - t_sync
             published_at = now
@@ -215,7 +238,7 @@ def _global_objects(params: dict, momentum: dict | None) -> dict[str, bytes]:
 
 
 def _cloud_record(meta: dict) -> dict:
-    steps = meta["step_s"]
+    steps = meta["step_s"] or [0.0]  # a cloud whose work was shifted away trains no step
     return {
         "wait_s": meta["wait_s"],
         "download_s": meta["download_s"],
@@ -223,7 +246,9 @@ def _cloud_record(meta: dict) -> dict:
         "upload_s": meta["upload_s"],
         "mean_step_s": sum(steps) / len(steps),
         "losses": meta["losses"],
-        "step_s": steps,
+        "step_s": meta["step_s"],
+        "cap": meta.get("cap", 1.0),
+        "started_at": meta.get("started_at"),
     }
 
 

@@ -102,6 +102,28 @@ class Access(_Model):
     queue: str | None = None
 
 
+class Grid(_Model):
+    """The electricity grid a cloud draws from: price region, carbon zone and PUE.
+
+    ``region`` names a price file of the electricity feed
+    (``<data>/electricity/prices/<REGION>_<YEAR>.csv``, see ``crosscloud.electricity``);
+    it is checked against the feed when the feed is opened (``open_grid_feed``),
+    not at load, so a federation loads without the data present.
+    """
+
+    region: str = Field(min_length=1)
+    carbon_zone: str | None = None
+    pue: float = Field(default=1.2, ge=1.0, le=3.0)
+    note: str | None = None
+
+    @field_validator("region", "carbon_zone")
+    @classmethod
+    def _plain(cls, value: str | None) -> str | None:
+        if value is not None and (not value.strip() or "/" in value or value != value.strip()):
+            raise ValueError(f"{value!r} must be a region name such as 'DE-LU' (no spaces or slashes)")
+        return value
+
+
 class Cloud(_Model):
     name: str
     role: Literal["local", "collaboration"]
@@ -112,6 +134,7 @@ class Cloud(_Model):
     pools: list[AcceleratorPool] = Field(min_length=1)
     # joining: receives work only after `crosscloud cloud join` proved it works; draining: no new sub-tasks
     state: Literal["active", "joining", "draining"] = "active"
+    grid: Grid | None = None
 
     @field_validator("name")
     @classmethod
@@ -246,6 +269,29 @@ class Federation(_Model):
             if {link.a, link.b} == {a, b}:
                 return link
         return None
+
+
+def open_grid_feed(fed: Federation, feed=None):
+    """The electricity feed (default ``CsvFeed()``), after checking every cloud's grid region against it.
+
+    Raises ``FederationError`` naming the cloud, its unknown region and the
+    regions the feed has. Clouds without a ``grid:`` section are skipped.
+    """
+    from crosscloud.electricity import CsvFeed, ElectricityError
+
+    feed = feed if feed is not None else CsvFeed()
+    for cloud in fed.clouds:
+        if cloud.grid is None:
+            continue
+        for kind, name, read in (("region", cloud.grid.region, feed.prices),
+                                 ("carbon_zone", cloud.grid.carbon_zone, feed.carbon)):
+            if name is None:
+                continue
+            try:
+                read(name)
+            except ElectricityError as e:
+                raise FederationError(f"clouds.{cloud.name}.grid.{kind}: {e}") from None
+    return feed
 
 
 def _describe(error: dict) -> str:

@@ -15,6 +15,34 @@ from crosscloud.backends import SubTaskError, get_backend
 from crosscloud.federation import Cloud, Federation
 from crosscloud.ledger import Ledger, Membership, Usage
 from crosscloud.placement import Site
+from crosscloud.power import effective_price
+
+_FEEDS: dict[str, object] = {}
+
+
+def electricity_now(cloud: Cloud, now: float | None = None) -> tuple[float | None, str, str]:
+    """(USD/MWh, data hour, note) of ``cloud``'s grid region now.
+
+    The public data is for one year (2023): "now" is mapped onto the data's year
+    by day-of-year and hour (``electricity.map_to_data_year``). The price is
+    None ("unknown") when the cloud has no ``grid:`` section, the feed cannot
+    be read, or it has no price for that hour; the note says which.
+    """
+    from datetime import datetime, timezone
+
+    from crosscloud.electricity import CsvFeed, ElectricityError, data_dir, map_to_data_year
+
+    if cloud.grid is None:
+        return None, "", "no grid section"
+    key = str(data_dir())
+    feed = _FEEDS.setdefault(key, CsvFeed(key))
+    when = datetime.fromtimestamp(time.time() if now is None else now, timezone.utc)
+    hour = map_to_data_year(when, feed.year)
+    label = f"{hour:%Y-%m-%d %H:00}"
+    try:
+        return feed.prices(cloud.grid.region).at(hour), label, ""
+    except ElectricityError as e:
+        return None, label, str(e)
 
 
 @dataclass(frozen=True)
@@ -26,6 +54,19 @@ class PoolView:
     price_per_device_hour: float
     throughput: dict[str, float]
     families: tuple[str, ...]  # model families with an adapted image for this accelerator
+    # electricity (crosscloud.electricity/power); None when the cloud has no grid or the feed has no price now
+    electricity_usd_mwh: float | None = None
+    electricity_hour: str = ""  # the data hour the price is for (now mapped onto the data's year)
+    power_w: float = 0.0
+    pue: float | None = None
+    electricity_note: str = ""  # why the price is unknown
+
+    @property
+    def effective_price_per_device_hour(self) -> float | None:
+        """Rental + energy at the electricity price now x PUE; None when the price is unknown."""
+        if self.electricity_usd_mwh is None or self.pue is None:
+            return None
+        return effective_price(self.price_per_device_hour, self.power_w, self.electricity_usd_mwh, self.pue)
 
     @property
     def in_use(self) -> int:
@@ -71,7 +112,7 @@ class Inventory:
         out = asdict(self)
         for cloud, view in zip(out["clouds"], self.clouds):
             for pool, p in zip(cloud["pools"], view.pools):
-                pool.update(in_use=p.in_use, free=p.free)
+                pool.update(in_use=p.in_use, free=p.free, effective_price_per_device_hour=p.effective_price_per_device_hour)
         return out
 
     def sites(self, family: str) -> list[Site]:
@@ -96,12 +137,19 @@ class Inventory:
         lines = [f"federation {self.federation}: {len(self.clouds)} clouds"]
         lines.append(
             f"{'cloud':<12}{'jurisd.':<9}{'state':<10}{'health':<24}{'accelerator':<14}"
-            f"{'total':>6}{'in use':>8}{'free':>6}{'price/h':>9}"
+            f"{'total':>6}{'in use':>8}{'free':>6}{'price/h':>9}{'USD/MWh':>9}{'eff./h':>9}"
         )
         for c in self.clouds:
             for i, p in enumerate(c.pools):
                 head = f"{c.name:<12}{c.jurisdiction:<9}{c.state:<10}{c.health[:23]:<24}" if i == 0 else " " * 55
-                lines.append(f"{head}{p.accelerator:<14}{p.total:>6}{p.in_use:>8}{p.free:>6}{p.price_per_device_hour:>9.2f}")
+                mwh = "unknown" if p.electricity_usd_mwh is None else f"{p.electricity_usd_mwh:.1f}"
+                eff = p.effective_price_per_device_hour
+                lines.append(f"{head}{p.accelerator:<14}{p.total:>6}{p.in_use:>8}{p.free:>6}{p.price_per_device_hour:>9.2f}"
+                             f"{mwh:>9}{'unknown' if eff is None else f'{eff:.4f}':>9}")
+        hours = sorted({p.electricity_hour for c in self.clouds for p in c.pools if p.electricity_hour})
+        if hours:
+            lines.append(f"  electricity: price of the grid region at {', '.join(hours)} UTC (now mapped onto the data's year); "
+                         "eff./h = rental + power x price x PUE")
         refusing = [c for c in self.clouds if c.refuses]
         for c in refusing:
             lines.append(f"  {c.name} takes no new work: {c.refuses}")
@@ -155,10 +203,12 @@ def collect(fed: Federation, ledger: Ledger | None = None, tenant: str | None = 
     clouds = []
     for c in fed.clouds:
         state, health, refuses = membership_state(c, members.get(c.name))
+        mwh, hour, note = electricity_now(c)
         pools = [
             PoolView(p.accelerator, p.count, usage.pool(c.name, p.accelerator), running.get(c.name, {}).get(p.accelerator, 0),
                      p.price_per_device_hour, dict(p.throughput),
-                     tuple(sorted({i.family for i in fed.images if i.accelerator == p.accelerator})))
+                     tuple(sorted({i.family for i in fed.images if i.accelerator == p.accelerator})),
+                     mwh, hour, p.power_w, c.grid.pue if c.grid else None, note)
             for p in c.pools
         ]
         clouds.append(CloudView(c.name, c.role, c.jurisdiction, c.region, c.access.method, state, health, refuses, pools))

@@ -278,7 +278,7 @@ def _cloud_summary(fed: Federation, plan: Plan, history: list[dict], train_s: fl
     for c in plan.clouds:
         pool = next(p for p in fed.cloud(c.name).pools if p.accelerator == c.accelerator)
         rounds = [r["clouds"][c.name] for r in history]
-        steps = [s for r in rounds for s in r["step_s"]]
+        steps = [s for r in rounds for s in r["step_s"]] or [0.0]  # a cloud idle all run trained no step
         device_hours = c.devices * train_s / 3600
         clouds[c.name] = {
             "share": c.share,

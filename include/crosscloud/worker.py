@@ -59,6 +59,12 @@ def continue_from(global_params: dict[str, torch.Tensor], progress: dict[str, to
     return {n: global_params[n] + progress[n] for n in global_params}
 
 
+def throttle(step_s: float, throughput: float) -> None:
+    """Run at ``throughput`` of full speed: how a power cap shows on a local cloud, whose power is modelled."""
+    if throughput < 1.0:
+        time.sleep(step_s * (1.0 / throughput - 1.0))
+
+
 def _snapshot(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     return {n: t.detach().clone() for n, t in model.state_dict().items()}
 
@@ -100,27 +106,33 @@ def train(plan: Plan, cloud: str, store: ObjectStore) -> None:
     model.load_state_dict(from_bytes(read_object(store, commit, "params.safetensors")))
     base = _snapshot(model)
     ready = {"wait_s": time.perf_counter() - t0, "download_s": 0.0}
+    cap = {"cap": 1.0, "throughput": 1.0}
     for r in range(spec.rounds):
-        t1 = time.perf_counter()
+        t1, started_at = time.perf_counter(), time.time()
         losses, step_s = [], []
         batch = apportion(share, [1.0] * world)[rank] if share >= world else 1
-        for _ in range(spec.inner_steps):
+        for _ in range(spec.inner_steps if share > 0 else 0):  # share 0: the work moved away, devices idle
             ts = time.perf_counter()
             loss = lm_loss(ddp, sample_batches(data, batch, cfg.seq_len, gen))
             opt.zero_grad(set_to_none=True)
             loss.backward()
             opt.step()
             losses.append(loss.item())
+            throttle(time.perf_counter() - ts, cap["throughput"])
             step_s.append(time.perf_counter() - ts)
         t2 = time.perf_counter()
         progress = {n: t - base[n] for n, t in _snapshot(model).items()}
         if rank == 0:
             _commit_delta(store, keys.cloud_step(cloud, r), progress, feedback, {
                 "round": r, "cloud": cloud, "samples": share * spec.inner_steps, "losses": losses,
-                "step_s": step_s, "compute_s": t2 - t1, **ready,
+                "step_s": step_s, "compute_s": t2 - t1, "cap": cap["cap"], "started_at": started_at, **ready,
             })
-            print(f"round {r}: loss {losses[0]:.3f} -> {losses[-1]:.3f}, "
-                  f"{1000 * (t2 - t1) / spec.inner_steps:.1f} ms/step, waited {ready['wait_s']:.2f} s", flush=True)
+            if losses:
+                capped = "" if cap["cap"] == 1.0 else f" under a {cap['cap']:.0%} power cap"
+                print(f"round {r}: loss {losses[0]:.3f} -> {losses[-1]:.3f}, {1000 * (t2 - t1) / spec.inner_steps:.1f} "
+                      f"ms/step{capped}, waited {ready['wait_s']:.2f} s", flush=True)
+            else:
+                print(f"round {r}: idle, its work shifted to the other clouds", flush=True)
         if r == spec.rounds - 1:
             break
         # overlap: the next round starts from global r - the newest the coordinator can have
@@ -134,7 +146,8 @@ def train(plan: Plan, cloud: str, store: ObjectStore) -> None:
             t4 = time.perf_counter()
             params = from_bytes(read_object(store, commit, "params.safetensors"))
             model.load_state_dict(continue_from(params, progress) if plan.overlap else params)
-            share = commit["meta"].get("next_shares", {}).get(cloud, share)  # straggler-aware shares
+            share = commit["meta"].get("next_shares", {}).get(cloud, share)  # straggler-aware and grid-shifted shares
+            cap = commit["meta"].get("caps", {}).get(cloud, {"cap": 1.0, "throughput": 1.0})  # a grid request's power cap
         base = _snapshot(model)
         ready = {"wait_s": t4 - t3, "download_s": time.perf_counter() - t4}
     if world > 1:

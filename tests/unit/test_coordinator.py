@@ -76,8 +76,26 @@ def test_dead_subtask_fails_the_round_with_its_cloud_named(planned):
 
     backend = get_backend("local")
     handle = backend.start(SubTaskSpec(tenant=plan.tenant, run_id=plan.run_id, cloud="singapore", image="x",
-                                       accelerator="cpu", devices=1, module="no_such_module_here"))
+                                       accelerator="cpu", devices=1, module="json.tool"))  # exits 1 at once: no input
     for cloud in ("beijing", "shanghai"):
         _commit_delta(stores[cloud], plan, cloud, 0)
     with pytest.raises(SubTaskLost, match="cloud singapore: sub-task is failed"):
         Coordinator(plan, {**stores}, handles=[handle], log=lambda m: None).run()
+
+
+def test_grid_directives_become_next_round_shares_and_caps(planned):
+    from crosscloud.demand_response import Action, write_directive
+
+    plan, stores = planned
+    home, coordinator = stores[plan.coordinator_cloud], Coordinator(plan, stores, handles=[], log=lambda m: None)
+    shares = {c.name: c.share for c in plan.clouds}
+    assert coordinator.next_round(shares, {}, home) == {"caps": {}}  # nothing asked: the plan's shares stay
+    shift = Action(plan.tenant, plan.run_id, "shift", 1.0, 1.0, 50.0, 0.3)
+    write_directive(home, plan.keys.root, "beijing", shift, {})
+    nxt = coordinator.next_round(shares, {}, home)["next_shares"]
+    assert nxt["beijing"] == 0 and sum(nxt.values()) == plan.spec.global_batch
+    throttle = Action(plan.tenant, plan.run_id, "throttle", 0.7, 0.88, 20.0, 0.04)
+    write_directive(home, plan.keys.root, "beijing", throttle, {})
+    assert coordinator.next_round(shares, {}, home) == {"caps": {"beijing": {"cap": 0.7, "throughput": 0.88}}}
+    write_directive(home, plan.keys.root, "beijing", None, {})
+    assert coordinator.next_round({**shares, "beijing": 0}, {}, home) == {"caps": {}}  # restored to the plan

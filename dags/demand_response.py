@@ -1,0 +1,118 @@
+"""
+### Demand response
+
+Answers a grid operator's request to cut one cloud's power, e.g.
+`{"cloud": "beijing", "reduce_pct": 10, "within_s": 300, "duration_s": 3600}`
+(trigger from the UI or `POST /api/v2/dags/demand_response/dagRuns`).
+
+1. **respond** finds every run holding devices on the cloud (the reservation
+   ledger), models the cloud's draw (busy devices at their caps, the rest
+   idle, times PUE; fitted from measured DVFS curves) and picks, per run, the
+   action that sheds enough for the least training progress: **throttle**
+   (a lower power cap; throughput follows the DVFS curve) or **shift** (the
+   cloud's share of the batch moves to the run's other clouds, which already
+   hold the latest global checkpoint; its devices idle). Runs whose rounds
+   are longer than `within_s` cannot answer in time and are named. It tells
+   each run's coordinator, which applies the action from its next round.
+2. **verify** waits until the cloud's sub-tasks show the action in their round
+   commits and records time to shed, modelled power before and after and the
+   progress given up; it fails if the cut did not hold within `within_s`.
+3. **hold** waits, without holding a worker slot, until the request ends.
+4. **restore** (a teardown: it runs whatever happened) gives the runs their
+   shares and full power back; **record** keeps the outcome in each affected
+   run's folder (`demand_response/`).
+"""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+
+from airflow.sdk import Param, PokeReturnValue, dag, get_current_context, task
+
+
+@dag(
+    dag_id="demand_response",
+    schedule=None,
+    start_date=datetime(2025, 1, 1),
+    catchup=False,
+    doc_md=__doc__,
+    tags=["crosscloud", "electricity"],
+    default_args={"retries": 1, "retry_delay": timedelta(seconds=5)},
+    params={
+        "cloud": Param("beijing", type="string", description="Cloud whose grid asks for less power."),
+        "reduce_pct": Param(10.0, type="number", exclusiveMinimum=0, maximum=100, description="Cut asked for, in % of its draw."),
+        "within_s": Param(300.0, type="number", exclusiveMinimum=0, description="Seconds the cut must hold within."),
+        "duration_s": Param(3600.0, type="number", minimum=0, description="How long the request lasts."),
+    },
+)
+def demand_response():
+    @task
+    def respond() -> dict:
+        from crosscloud.demand_response import respond as plan_and_tell
+        from crosscloud.federation import load_federation
+        from crosscloud.power import fit_power_curve
+        from crosscloud_airflow.connections import use_airflow_connections
+
+        use_airflow_connections()
+        p = get_current_context()["params"]
+        plan, issued = plan_and_tell(load_federation(), p["cloud"], p["reduce_pct"], p["within_s"], fit_power_curve())
+        print(f"{p['cloud']}: modelled draw {plan.before_w:.1f} W, target {plan.target_w:.1f} W, after {plan.after_w:.1f} W")
+        for a in plan.actions:
+            print(f"  {a.run_id} ({a.tenant}): {a.kind} cap {a.cap:.0%}, saves {a.saved_w:.1f} W, "
+                  f"gives up {a.progress_lost:.1%} of its throughput")
+        for why in plan.refused:
+            print(f"  refused: {why}")
+        return {"plan": plan.to_dict(), "issued_at": issued}
+
+    @task
+    def verify(answer: dict) -> dict:
+        from crosscloud.demand_response import ShedPlan, verify as check
+        from crosscloud.federation import load_federation
+        from crosscloud.power import fit_power_curve
+
+        p = get_current_context()["params"]
+        plan = ShedPlan.from_dict(answer["plan"])
+        result = check(load_federation(), plan, answer["issued_at"], fit_power_curve(), timeout_s=p["within_s"])
+        print(f"cut held: {result['held']} after {result['time_to_shed_s']} s, {result['shed_pct']:.1f}% shed")
+        if not result["held"]:
+            raise RuntimeError(f"{plan.cloud}: the cut of {plan.reduce_pct:g}% did not hold within {plan.within_s:g} s: "
+                               f"{result['refused'] or 'the runs did not apply it in time'}")
+        return result
+
+    @task.sensor(poke_interval=30, timeout=7 * 24 * 3600, mode="reschedule")
+    def hold(answer: dict) -> PokeReturnValue:
+        import time
+
+        p = get_current_context()["params"]
+        return PokeReturnValue(is_done=time.time() >= answer["issued_at"] + p["duration_s"])
+
+    @task(trigger_rule="all_done")
+    def restore(answer: dict) -> None:
+        from crosscloud.demand_response import ShedPlan, restore as give_back
+        from crosscloud.federation import load_federation
+
+        give_back(load_federation(), ShedPlan.from_dict(answer["plan"]))
+
+    @task
+    def record(result: dict) -> None:
+        import json
+
+        from crosscloud.federation import load_federation
+        from crosscloud.names import RunKeys
+        from crosscloud.storage import open_store
+
+        fed, run_id = load_federation(), get_current_context()["run_id"].replace(":", "-").replace("+", "-")
+        for a in result["actions"]:
+            key = f"{RunKeys(a['tenant'], a['run_id']).root}/demand_response/{run_id}.json"
+            open_store(fed.local_cloud, a["tenant"]).put(key, json.dumps(result, indent=2).encode())
+
+    answer = respond()
+    checked = verify(answer)
+    held = hold(answer)
+    checked >> held
+    done = restore(answer)
+    held >> done.as_teardown(setups=answer)
+    done >> record(checked)
+
+
+demand_response()
