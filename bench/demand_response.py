@@ -17,7 +17,8 @@ sweep in ``$CROSSCLOUD_DATA_DIR/power``):
 - ``shed_pct``: modelled draw of the cloud before minus after, over before;
 - ``rounds_lost``: rounds whose contribution from the cloud never reached the
   global model (read from the committed history), plus rounds redone;
-- ``finished``: the run completed all its rounds.
+- ``finished``: the run completed all its rounds; ``restored``: the rounds
+  after the request ran at full share and power again.
 
 Last line: ``time_to_shed_s=<s> shed_pct=<pct> rounds_lost=<n>``.
 """
@@ -52,7 +53,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--within-s", type=float, default=300.0)
     ap.add_argument("--at-round", type=int, default=3)
     ap.add_argument("--hold-rounds", type=int, default=3)
-    ap.add_argument("--rounds", type=int, default=10)
+    ap.add_argument("--rounds", type=int, default=12)
     ap.add_argument("--inner-steps", type=int, default=25)
     ap.add_argument("--model-size", default="small")
     ap.add_argument("--seed", type=int, default=0)
@@ -88,7 +89,8 @@ def main(argv: list[str] | None = None) -> int:
     while len(history(fed, spec.tenant, run_id)) < at_round + args.hold_rounds and trainer.is_alive():
         time.sleep(0.2)
     restore(fed, plan)
-    print(f"request over after round {len(history(fed, spec.tenant, run_id)) - 1}: work restored", flush=True)
+    ended = len(history(fed, spec.tenant, run_id))
+    print(f"request over after round {ended - 1}: work restored", flush=True)
     trainer.join()
     done = history(fed, spec.tenant, run_id)
     finished = "summary" in outcome and len(done) == spec.rounds
@@ -100,6 +102,11 @@ def main(argv: list[str] | None = None) -> int:
             rec = r["clouds"].get(c, {})
             cells.append("  idle" if not rec.get("step_s") else f"{rec.get('cap', 1.0):>6.0%}")
         print(f"{c:<12}" + "".join(f"{x:>7}" for x in cells) + "   (power cap per round; idle = work shifted away)")
+    # an action lands up to three rounds after it is asked for: the coordinator may already be combining
+    # the next round (workers run a round ahead), and a global's directives apply to the round after it
+    tail = [r["clouds"].get(args.cloud, {}) for r in done[ended + 3:]]
+    restored = all(rec.get("step_s") and rec.get("cap", 1.0) == 1.0 for rec in tail)
+    print(f"restored after the request: {restored if tail else 'not observed (too few rounds after it)'}")
     if "summary" in outcome:
         m = outcome["summary"]["metrics"]
         print(f"run finished: {finished}; eval loss {m['eval_loss_start']:.4f} -> {m['final_eval_loss']:.4f}")
@@ -107,7 +114,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"run failed: {outcome.get('error')}")
     tts = result["time_to_shed_s"]
     print(f"time_to_shed_s={'nan' if tts is None else f'{tts:.2f}'} shed_pct={result['shed_pct']:.2f} rounds_lost={lost}")
-    return 0 if finished and result["held"] else 1
+    return 0 if finished and result["held"] and (restored or not tail) else 1
 
 
 if __name__ == "__main__":

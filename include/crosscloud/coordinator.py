@@ -183,7 +183,8 @@ class Coordinator:
         else:
             nxt = planned
         caps = {c: {"cap": d["cap"], "throughput": d["throughput"]} for c, d in directives.items() if d["kind"] == "throttle"}
-        return {"caps": caps, **({"next_shares": nxt} if nxt != planned or spec.adapt_shares else {})}
+        # always explicit: a worker keeps the last shares it was given, so a restore must be said too
+        return {"caps": caps, "next_shares": nxt}
 
     def run(self) -> list[dict]:
         plan, spec, home = self.plan, self.plan.spec, self.stores[self.home]

@@ -89,13 +89,14 @@ def test_grid_directives_become_next_round_shares_and_caps(planned):
     plan, stores = planned
     home, coordinator = stores[plan.coordinator_cloud], Coordinator(plan, stores, handles=[], log=lambda m: None)
     shares = {c.name: c.share for c in plan.clouds}
-    assert coordinator.next_round(shares, {}, home) == {"caps": {}}  # nothing asked: the plan's shares stay
+    assert coordinator.next_round(shares, {}, home) == {"caps": {}, "next_shares": shares}  # nothing asked
     shift = Action(plan.tenant, plan.run_id, "shift", 1.0, 1.0, 50.0, 0.3)
     write_directive(home, plan.keys.root, "beijing", shift, {})
     nxt = coordinator.next_round(shares, {}, home)["next_shares"]
     assert nxt["beijing"] == 0 and sum(nxt.values()) == plan.spec.global_batch
     throttle = Action(plan.tenant, plan.run_id, "throttle", 0.7, 0.88, 20.0, 0.04)
     write_directive(home, plan.keys.root, "beijing", throttle, {})
-    assert coordinator.next_round(shares, {}, home) == {"caps": {"beijing": {"cap": 0.7, "throughput": 0.88}}}
+    assert coordinator.next_round(shares, {}, home)["caps"] == {"beijing": {"cap": 0.7, "throughput": 0.88}}
     write_directive(home, plan.keys.root, "beijing", None, {})
-    assert coordinator.next_round({**shares, "beijing": 0}, {}, home) == {"caps": {}}  # restored to the plan
+    restored = coordinator.next_round({**shares, "beijing": 0}, {}, home)
+    assert restored == {"caps": {}, "next_shares": shares}  # the plan's shares, said explicitly to the idle worker
