@@ -34,6 +34,21 @@ os.environ.update(
 os.environ.pop("CROSSCLOUD_FEDERATION", None)
 (_STATE / "airflow").mkdir(parents=True, exist_ok=True)
 
+# A hand-made power-cap sweep in the format of the real one (../shared/data/power/dvfs_sweep.csv), so that
+# the tests run where the public data is not installed; the benchmarks read the real data.
+SYNTHETIC_SWEEP = """Workload,GPU power cap,throughput,total GPU power,normalized throughput,power per GPU
+ft_synthetic,100,0.25,800,0.25,100
+ft_synthetic,200,0.80,1600,0.80,200
+ft_synthetic,250,0.88,1840,0.88,230
+ft_synthetic,300,0.95,2160,0.95,270
+ft_synthetic,400,1.00,2560,1.00,320
+infer_synthetic,200,0.9,1600,0.90,200
+infer_synthetic,400,1.0,3200,1.00,400
+"""
+(_STATE / "data" / "power").mkdir(parents=True, exist_ok=True)
+(_STATE / "data" / "power" / "dvfs_sweep.csv").write_text(SYNTHETIC_SWEEP)
+os.environ["CROSSCLOUD_DATA_DIR"] = str(_STATE / "data")
+
 
 @pytest.fixture(scope="session")
 def state_dir() -> Path:

@@ -33,7 +33,7 @@ def test_demand_comes_from_runs_and_cold_artifacts_are_evicted(run, tmp_path):
     cat, result = plan_distribution(fed, T, clouds, 10**9, 7 * 86400, ledger=Ledger(tmp_path / "l.sqlite"))
     used_there = {p.sha256 for c in plan.clouds if c.name == "shanghai" for p in [plan.init, *(plan.shards[i] for i in c.shards)]}
     shanghai = result.clouds["shanghai"]
-    assert {a for a, _, _ in shanghai.keep} == used_there  # what its run read stays warm
+    assert used_there <= {a for a, _, _ in shanghai.keep}  # what its run read stays warm
     assert [a for a, _ in shanghai.evict] == [cold_ref.sha256]  # nobody needs the checkpoint
     done = apply(fed, cat, shanghai)
     assert done["freed_bytes"] >= len(cold)  # its pack held nothing a kept artifact uses
