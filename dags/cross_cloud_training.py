@@ -133,8 +133,10 @@ def cross_cloud_training():
         from crosscloud.pipeline import release_stage, run_handles, stop_run
 
         ref = run_ref(run)
-        stop_run(ref, run_handles(ref))
-        print(f"released {release_stage(ref)} reserved device(s)")
+        try:
+            stop_run(ref, run_handles(ref))
+        finally:
+            print(f"released {release_stage(ref)} reserved device(s)")
 
     run = admit()
     preheated = preheat(run)
@@ -144,7 +146,8 @@ def cross_cloud_training():
     synced = SyncCheckpointsOperator(task_id="sync_checkpoints", run=run, handles=dispatch_local.output)
     done = aggregate(run, dispatch_local.output)
     synced >> done
-    done >> cleanup(run).as_teardown(setups=dispatch_local)
+    # admit is a setup too: a run that failed before any dispatch still gives its devices back
+    done >> cleanup(run).as_teardown(setups=[run, dispatch_local])
 
 
 cross_cloud_training()

@@ -35,6 +35,7 @@ from airflow.sdk import Param, PokeReturnValue, dag, get_current_context, task
     schedule=None,
     start_date=datetime(2025, 1, 1),
     catchup=False,
+    max_active_runs=1,  # one grid request at a time: a second would overwrite the first's directives
     doc_md=__doc__,
     tags=["crosscloud", "electricity"],
     default_args={"retries": 1, "retry_delay": timedelta(seconds=5)},

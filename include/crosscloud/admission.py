@@ -58,11 +58,12 @@ def job_request(fed: Federation, spec: JobSpec, family: str, usage: Usage, data_
 
 def _spread(job: JobRequest, sites: list[Site], per_cloud: int, pinned: bool) -> tuple[list[Part], list[Considered]]:
     """``per_cloud`` devices (or what is free and allowed) on every eligible cloud, its fastest pool."""
-    parts, considered, eligible = [], [], set()
+    parts, considered, eligible, later = [], [], set(), set()
     for cloud in dict.fromkeys(s.cloud for s in sites):
         pools = [s for s in sites if s.cloud == cloud]
         reasons = {s.accelerator: refusal(job, s) for s in pools}
         eligible |= {cloud for s in pools if not reasons[s.accelerator]}
+        later |= {cloud for s in pools if not refusal(job, replace(s, refuses=""))}  # draining or joining: it may come back
         usable = [s for s in pools if not reasons[s.accelerator] and s.free > 0]
         best = max(usable, key=lambda s: s.speed) if usable else None
         if best is not None:
@@ -75,17 +76,18 @@ def _spread(job: JobRequest, sites: list[Site], per_cloud: int, pinned: bool) ->
                 why = reasons[s.accelerator] or (f"full: 0 of {s.total} free to {job.tenant} (in use, or its quota taken)" if s.free == 0 else "a faster pool was chosen")
             considered.append(Considered(cloud, s.accelerator, s is best, why))
     explained = "; ".join(f"{c.cloud}/{c.accelerator}: {c.reason}" for c in considered)
-    never = (job.clouds - eligible) if pinned else (set() if eligible else {"any"})
+    never = (job.clouds - later) if pinned else (set() if later else {"any"})
     if never:
         raise PlacementError(f"no placement for tenant {job.tenant} on {sorted(never)}: {explained}")
-    if not parts or (pinned and eligible - {p.cloud for p in parts}):
+    if not parts or (pinned and later - {p.cloud for p in parts}):  # every cloud asked for, or wait
         raise NotAdmitted(f"waiting for devices: {explained}")
     return parts, considered
 
 
 def _could_ever(job: JobRequest, sites: list[Site]) -> bool:
     """Whether the job fits the eligible pools once other runs (the tenant's own included) give devices back."""
-    room = [min(s.total, job.quota.get(s.cloud, 0)) for s in sites if not refusal(job, s)]
+    # a cloud draining or not yet joined may take work again later: it counts here
+    room = [min(s.total, job.quota.get(s.cloud, 0)) for s in sites if not refusal(job, replace(s, refuses=""))]
     return any(r >= job.devices for r in room) or (job.splittable and sum(room) >= job.devices)
 
 

@@ -21,7 +21,7 @@ from crosscloud.links import nearest_first
 from crosscloud.names import manifest_key
 from crosscloud.plan import BlobRef, Plan
 from crosscloud.preheat import RateCap, TransferReport, fetch
-from crosscloud.storage import ObjectStore, open_store
+from crosscloud.storage import ObjectNotFound, ObjectStore, open_store
 
 
 @dataclass
@@ -65,16 +65,23 @@ def load_catalog(fed: Federation, tenant: str, clouds: list[str] | None = None) 
     return Catalog(tenant, stores, indexes, manifests, present)
 
 
+def uses_of(fed: Federation, run: Plan, at: float) -> list[Use]:
+    """Where a run reads what: each cloud its shards and the initial model; the evaluation data and model
+    at home; the whole dataset at its home, where every later preheat copies it from."""
+    return [Use(c.name, tuple(run.shards[i].sha256 for i in c.shards) + (run.init.sha256,), at) for c in run.clouds] + [
+        Use(fed.local_cloud.name, (run.held_out.sha256, run.init.sha256), at),
+        Use(fed.dataset(run.dataset).home, tuple(s.sha256 for s in run.shards), at),
+    ]
+
+
 def uses_from_runs(fed: Federation, tenant: str) -> list[Use]:
-    """One use per cloud of every run whose plan the local cloud keeps: the shards and model it read."""
+    """The uses of every run whose plan the local cloud keeps, dated by its admission."""
     home = open_store(fed.local_cloud, tenant)
     uses = []
     for key in home.list(f"{tenant}/runs"):
         if key.endswith("/plan.json") and key.count("/") == 3:
-            plan = Plan.model_validate(json.loads(home.get(key)))
-            for c in plan.clouds:
-                needed = tuple(plan.shards[i].sha256 for i in c.shards) + (plan.init.sha256,)
-                uses.append(Use(c.name, needed, plan.created_at))
+            run = Plan.model_validate(json.loads(home.get(key)))
+            uses += uses_of(fed, run, run.created_at)
     return uses
 
 
@@ -95,7 +102,19 @@ def plan_distribution(fed: Federation, tenant: str, clouds: list[str], budget_by
             ledger.pin(tenant, sha, cloud, now + pin_s)
     wanted = demand(uses_from_runs(fed, tenant), now, half_life_s=half_life_s)
     budgets = {c: budget_bytes for c in clouds}
-    return cat, plan(cat.artifacts(), cat.held(), budgets, wanted, pins_of(tenant, ledger), now)
+    return cat, plan(cat.artifacts(), cat.held(), budgets, wanted, pins_of(tenant, ledger) + in_flight(fed, tenant, ledger, now), now)
+
+
+def in_flight(fed: Federation, tenant: str, ledger: Ledger, now: float) -> list[Pin]:
+    """Pins for what runs holding devices now read, where they read it: never evicted under a running run."""
+    home, pins = open_store(fed.local_cloud, tenant), []
+    for run_id in sorted({r.run_id for r in ledger.active(tenant)}):
+        try:
+            run = Plan.load(home, tenant, run_id)
+        except ObjectNotFound:  # admitted, plan not written yet: nothing of it is on any cloud
+            continue
+        pins += [Pin(a, use.cloud, now + 86400) for use in uses_of(fed, run, now) for a in use.artifacts]
+    return pins
 
 
 def collect_garbage(store: ObjectStore, tenant: str, index: ChunkIndex, keep: list[Manifest]) -> int:
@@ -136,7 +155,9 @@ def apply(fed: Federation, cat: Catalog, part: CloudPlan, rate: RateCap | None =
     for sha, _ in part.evict:
         store.delete(manifest_key(cat.tenant, sha))
         cat.present[cloud].discard(sha)
-    freed = collect_garbage(store, cat.tenant, cat.indexes[cloud], [cat.manifests[s] for s in cat.present[cloud]])
+    # the manifests listed again right before collecting: an artifact stored meanwhile keeps its chunks
+    kept = [Manifest.from_json(store.get(k)) for k in store.list(f"{cat.tenant}/artifacts") if k.endswith(".json")]
+    freed = collect_garbage(store, cat.tenant, cat.indexes[cloud], kept)
     report = TransferReport()
     sources = [cat.stores[n] for n in nearest_first(fed, cloud, [n for n in cat.stores if n != cloud])]
     started = time.monotonic()

@@ -172,10 +172,11 @@ class Coordinator:
         spec, planned = self.plan.spec, {c.name: c.share for c in self.plan.clouds}
         directives = read_directives(home, self.plan.keys.root)
         shifted = {c for c, d in directives.items() if d["kind"] == "shift" and c in planned}
+        if shifted and len(shifted) == len(planned):  # work cannot leave every cloud: the run keeps training
+            self.log(f"grid directives would shift the work away from every cloud of the run; ignoring {sorted(shifted)}")
+            shifted = set()
         if shifted:
             keep = [c.name for c in self.plan.clouds if c.name not in shifted]
-            if not keep:
-                raise SubTaskLost(f"run {self.plan.run_id}: every cloud is told to shift its work away; nothing can train")
             nxt = {**dict(zip(keep, apportion(spec.global_batch, [self.plan.cloud(c).throughput for c in keep]))),
                    **{c: 0 for c in shifted}}
         elif spec.adapt_shares and all(n > 0 for n in shares.values()):

@@ -43,7 +43,7 @@ class RunOnCloud:
     devices: int
     share: int  # of the global batch, now
     global_batch: int
-    round_s: float  # seconds per round, measured
+    round_s: float  # seconds until a directive takes effect: rounds, measured, times the rounds it travels
     others: tuple[str, ...]  # the run's other clouds, which could take the share
     cap: float = 1.0
 
@@ -116,7 +116,8 @@ def plan_shed(fed: Federation, cloud: str, runs: list[RunOnCloud], reduce_pct: f
     options: list[Action] = []
     for r in runs:
         if r.round_s > within_s:
-            plan.refused.append(f"{r.run_id}: its rounds take {r.round_s:.0f} s, longer than the {within_s:.0f} s allowed")
+            plan.refused.append(f"{r.run_id}: its rounds take an action {r.round_s:.0f} s to land, longer than the "
+                                f"{within_s:.0f} s allowed")
             continue
         now_w = busy_w(r.accelerator, full[r.accelerator], r.cap, curve)
         idle_w = device_power(r.accelerator, full[r.accelerator]).idle_w
@@ -195,12 +196,15 @@ def runs_on(fed: Federation, cloud: str, ledger: Ledger | None = None) -> list[R
         history = json.loads(home.get(key)) if home.exists(key) else []
         recent = [h["wall_s"] for h in history[-3:]]
         shares = (history[-1].get("next_shares") if history else None) or {c.name: c.share for c in plan.clouds}
-        directive = read_directives(home, plan.keys.root).get(cloud, {})
+        directives = read_directives(home, plan.keys.root)
+        shifted = {c for c, d in directives.items() if d["kind"] == "shift"}
         me = plan.cloud(cloud)
+        # with overlapping rounds a directive lands up to three rounds later (workers run a round ahead)
+        travel = 3 if plan.overlap else 1
         runs.append(RunOnCloud(
             tenant, run_id, me.accelerator, me.devices, shares.get(cloud, me.share), plan.spec.global_batch,
-            sum(recent) / len(recent) if recent else plan.spec.round_timeout_s,
-            tuple(c.name for c in plan.clouds if c.name != cloud), directive.get("cap", 1.0),
+            travel * (sum(recent) / len(recent) if recent else plan.spec.round_timeout_s),
+            tuple(c.name for c in plan.clouds if c.name not in shifted | {cloud}), directives.get(cloud, {}).get("cap", 1.0),
         ))
     return runs
 
@@ -221,7 +225,8 @@ def _applied(fed: Federation, cloud: str, action: Action, since: float) -> float
     store = open_store(fed.cloud(cloud), action.tenant)
     keys = RunKeys(action.tenant, action.run_id)
     prefix = f"{keys.root}/clouds/{cloud}/"
-    rounds = sorted({int(k[len(prefix):].split("/")[0]) for k in store.list(prefix.rstrip("/")) if k.endswith("COMMIT.json")})
+    rounds = sorted({int(k[len(prefix):].split("/")[0]) for k in store.list(prefix.rstrip("/"))
+                     if k.startswith(prefix) and k.endswith("COMMIT.json")})
     for r in rounds:
         meta = (read_commit(store, keys.cloud_step(cloud, r)) or {}).get("meta", {})
         if (meta.get("started_at") or 0) < since:

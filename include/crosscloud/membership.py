@@ -77,8 +77,8 @@ def join(fed: Federation, name: str, ledger: Ledger | None = None, timeout_s: fl
     ledger = ledger or Ledger()
     try:
         ok, detail = True, _check(fed, name, timeout_s)
-    except RuntimeError as exc:
-        ok, detail = False, str(exc)
+    except Exception as exc:  # whatever broke, the cloud must not take work, and the ledger must say why
+        ok, detail = False, f"{type(exc).__name__}: {exc}" if not isinstance(exc, RuntimeError) else str(exc)
     ledger.record_check(name, ok, detail)
     return ok, detail
 

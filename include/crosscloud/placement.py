@@ -239,6 +239,8 @@ def _split(job: JobRequest, sites: list[Site], network: TransferTime, w: Weights
     for site in ready:
         if left == 0 or len(parts) == job.max_parts:
             break
+        if site.cloud in taken:  # one sub-task per cloud: its pools are one part, never two
+            continue
         quota_left = job.quota.get(site.cloud, 0) - taken.get(site.cloud, 0) if job.quota is not None else left
         n = min(site.free, left, quota_left)
         if n > 0:

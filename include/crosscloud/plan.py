@@ -47,7 +47,7 @@ class Candidate(_Model):
     """A cloud's pool considered by placement, and why it was taken or not."""
 
     cloud: str
-    accelerator: str
+    accelerator: str = ""  # plans written before pools were named per candidate have none
     chosen: bool
     reason: str
 

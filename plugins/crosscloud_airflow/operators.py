@@ -69,5 +69,7 @@ class SyncCheckpointsOperator(BaseOperator):
 
         self.log.info("coordinator killed: stopping every sub-task of the run and releasing its devices")
         ref = run_ref(self.run)
-        stop_run(ref, _handles(self.handles))
-        release_stage(ref)
+        try:
+            stop_run(ref, _handles(self.handles))
+        finally:
+            release_stage(ref)

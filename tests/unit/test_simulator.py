@@ -161,3 +161,13 @@ def test_site_wait_counts_the_devices_queued_ahead_and_backfills_only_what_does_
     assert site.backfills(1, 10.0) and not site.backfills(1, 11.0) and not site.backfills(2, 1.0)
     # queued work of unknown shape (the DAGs' view): no backfill, as before
     assert not Site("A", "v100", "X", 4, 4, queued_device_s=10.0).backfills(1, 1.0)
+
+
+def test_a_split_never_puts_two_parts_on_one_cloud():
+    from crosscloud.placement import JobRequest, Site, place
+
+    sites = [Site("x", "v100", "A", 2, 2, families=frozenset({"f"})), Site("x", "p100", "A", 2, 2, families=frozenset({"f"})),
+             Site("y", "v100", "A", 2, 2, families=frozenset({"f"}))]
+    decision = place(JobRequest("j", "t", "f", 4, {"v100": 100.0, "p100": 200.0}), sites)
+    clouds = [p.cloud for p in decision.option.parts]
+    assert len(clouds) == len(set(clouds)) and sum(p.devices for p in decision.option.parts) == 4
