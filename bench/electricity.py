@@ -65,8 +65,9 @@ from pathlib import Path
 
 import numpy as np
 
-from crosscloud.electricity import UTC, CsvFeed, PriceOracle, check, choose_lag, data_dir, evaluate_forecast, hour_index
+from crosscloud.electricity import UTC, CsvFeed, PriceOracle, check, choose_lag, evaluate_forecast, hour_index
 from crosscloud.power import device_power
+from crosscloud.storage import data_dir
 from crosscloud.timing import BatchJob, CloudSpec, TrainingJob, account, optimum, schedule
 from crosscloud.traces import read_throughputs, read_trace
 

@@ -47,7 +47,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import os
 import random
 import statistics
 import sys
@@ -56,9 +55,9 @@ from pathlib import Path
 
 from crosscloud.placement import JobRequest, Site, place
 from crosscloud.simulator import POLICIES, Center, SimJob, Simulation, metrics
+from crosscloud.storage import data_dir, state_dir
 from crosscloud.traces import read_throughputs, read_trace
 
-ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_VCS = ("6214e9", "6c71a0", "b436b2", "ee9e8c")
 DEFAULT_ACCELERATORS = ("v100", "p100", "k80", "v100")
 DEFAULT_JURISDICTIONS = ("A", "A", "B", "B")
@@ -66,14 +65,10 @@ LAST_MEASURED_WAN_PENALTY_PCT = 2.33
 GIB = 1 << 30
 
 
-def data_dir() -> Path:
-    return Path(os.environ.get("CROSSCLOUD_DATA_DIR", ROOT.parent / "shared" / "data"))
-
-
 def split_penalty(arg_pct: float | None) -> tuple[float, str]:
     if arg_pct is not None:
         return max(0.0, arg_pct) / 100, f"--split-penalty-pct {arg_pct:g}"
-    path = Path(os.environ.get("CROSSCLOUD_STATE_DIR", ROOT / ".state")) / "bench" / "gap.json"
+    path = state_dir() / "bench" / "gap.json"
     if path.exists():
         try:
             raw = json.loads(path.read_text())

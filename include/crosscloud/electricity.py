@@ -65,7 +65,8 @@ from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Protocol, Sequence
 
-ROOT = Path(__file__).resolve().parents[2]
+from crosscloud.storage import data_dir
+
 UTC = timezone.utc
 PRICE_COLUMN = "Price (USD/MWh)"
 CARBON_LCA = "Carbon Intensity gCO₂eq/kWh (LCA)"
@@ -86,11 +87,6 @@ class PriceGapError(ElectricityError):
     def __init__(self, region: str, hour: datetime, kind: str = "price", detail: str = ""):
         self.region, self.hour, self.kind = region, hour, kind
         super().__init__(f"no {kind} for {region} at {hour:%Y-%m-%d %H:00} UTC{': ' + detail if detail else ''}")
-
-
-def data_dir() -> Path:
-    """``$CROSSCLOUD_DATA_DIR``, else ``../shared/data`` relative to the repository root."""
-    return Path(os.environ.get("CROSSCLOUD_DATA_DIR") or ROOT.parent / "shared" / "data")
 
 
 def hour_index(when: datetime) -> int:

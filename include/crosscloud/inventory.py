@@ -30,7 +30,8 @@ def electricity_now(cloud: Cloud, now: float | None = None) -> tuple[float | Non
     """
     from datetime import datetime, timezone
 
-    from crosscloud.electricity import CsvFeed, ElectricityError, data_dir, map_to_data_year
+    from crosscloud.electricity import CsvFeed, ElectricityError, map_to_data_year
+    from crosscloud.storage import data_dir
 
     if cloud.grid is None:
         return None, "", "no grid section"

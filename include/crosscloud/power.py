@@ -28,7 +28,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from crosscloud.electricity import data_dir
+from crosscloud.storage import data_dir
 
 
 @dataclass(frozen=True)

@@ -156,6 +156,11 @@ def state_dir() -> Path:
     return Path(os.environ.get("CROSSCLOUD_STATE_DIR", default)).resolve()
 
 
+def data_dir() -> Path:
+    """Public data the benchmarks and feeds read: ``$CROSSCLOUD_DATA_DIR``, else ``../shared/data`` beside the repository."""
+    return Path(os.environ.get("CROSSCLOUD_DATA_DIR") or Path(__file__).resolve().parents[3] / "shared" / "data")
+
+
 class TenantStore(ObjectStore):
     """A store seen through one tenant's eyes: every key must lie under ``<tenant>/``."""
 
