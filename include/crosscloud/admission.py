@@ -35,8 +35,7 @@ class Admission:
     considered: list[Considered]
 
 
-def job_request(fed: Federation, spec: JobSpec, family: str, usage: Usage, data_bytes: int, data_at: set[str],
-                devices: int) -> JobRequest:
+def job_request(fed: Federation, spec: JobSpec, family: str, data_bytes: int, data_at: set[str], devices: int) -> JobRequest:
     """The placement view of a training run: size, run-time estimate, data and the tenant's quota."""
     tenant = fed.tenant(spec.tenant)
     ds = fed.dataset(spec.dataset)
@@ -56,14 +55,18 @@ def job_request(fed: Federation, spec: JobSpec, family: str, usage: Usage, data_
     )
 
 
+def _eligible_later(job: JobRequest, site: Site) -> bool:
+    """Whether ``site`` passes the hard constraints once it takes work again (draining and joining are temporary)."""
+    return not refusal(job, replace(site, refuses=""))
+
+
 def _spread(job: JobRequest, sites: list[Site], per_cloud: int, pinned: bool) -> tuple[list[Part], list[Considered]]:
     """``per_cloud`` devices (or what is free and allowed) on every eligible cloud, its fastest pool."""
-    parts, considered, eligible, later = [], [], set(), set()
+    parts, considered, later = [], [], set()
     for cloud in dict.fromkeys(s.cloud for s in sites):
         pools = [s for s in sites if s.cloud == cloud]
         reasons = {s.accelerator: refusal(job, s) for s in pools}
-        eligible |= {cloud for s in pools if not reasons[s.accelerator]}
-        later |= {cloud for s in pools if not refusal(job, replace(s, refuses=""))}  # draining or joining: it may come back
+        later |= {cloud for s in pools if _eligible_later(job, s)}
         usable = [s for s in pools if not reasons[s.accelerator] and s.free > 0]
         best = max(usable, key=lambda s: s.speed) if usable else None
         if best is not None:
@@ -86,8 +89,7 @@ def _spread(job: JobRequest, sites: list[Site], per_cloud: int, pinned: bool) ->
 
 def _could_ever(job: JobRequest, sites: list[Site]) -> bool:
     """Whether the job fits the eligible pools once other runs (the tenant's own included) give devices back."""
-    # a cloud draining or not yet joined may take work again later: it counts here
-    room = [min(s.total, job.quota.get(s.cloud, 0)) for s in sites if not refusal(job, replace(s, refuses=""))]
+    room = [min(s.total, job.quota.get(s.cloud, 0)) for s in sites if _eligible_later(job, s)]
     return any(r >= job.devices for r in room) or (job.splittable and sum(room) >= job.devices)
 
 
@@ -105,10 +107,10 @@ def admit(fed: Federation, spec: JobSpec, run_id: str, family: str, data_bytes: 
         # the tenant sees a pool's free devices within what its quota leaves it there
         left = {c: q - usage.tenant(spec.tenant, c) for c, q in fed.tenant(spec.tenant).quotas.items()}
         sites = [replace(s, free=max(min(s.free, left.get(s.cloud, 0)), 0))
-                 for s in collect(fed, ledger, spec.tenant, usage=usage).sites(family)]
+                 for s in collect(fed, ledger, spec.tenant, usage=usage, electricity=False).sites(family)]
         single = spec.mode == "single_cluster"
         devices = spec.devices_per_cloud if single or spec.placement == "spread" else spec.devices
-        job = job_request(fed, spec, family, usage, data_bytes, data_at, devices)
+        job = job_request(fed, spec, family, data_bytes, data_at, devices)
         if single and not spec.clouds:
             job = replace(job, clouds=frozenset({fed.local_cloud.name}))
         if spec.placement == "spread" and not single:

@@ -192,11 +192,14 @@ def membership_state(cloud: Cloud, member: Membership | None) -> tuple[str, str,
     return state, health, refuses
 
 
-def collect(fed: Federation, ledger: Ledger | None = None, tenant: str | None = None, usage: Usage | None = None) -> Inventory:
+def collect(fed: Federation, ledger: Ledger | None = None, tenant: str | None = None, usage: Usage | None = None,
+            electricity: bool = True) -> Inventory:
     """The inventory now; with ``tenant``, the tenant section shows only that tenant.
 
     ``usage`` is the ledger's usage as read inside an admission transaction;
-    by default it is read here.
+    by default it is read here. Admission passes ``electricity=False``:
+    placement does not use the price, and reading the price files inside the
+    ledger's write lock would hold every other admission back.
     """
     ledger = ledger or Ledger()
     usage = usage or ledger.usage()
@@ -204,7 +207,7 @@ def collect(fed: Federation, ledger: Ledger | None = None, tenant: str | None = 
     clouds = []
     for c in fed.clouds:
         state, health, refuses = membership_state(c, members.get(c.name))
-        mwh, hour, note = electricity_now(c)
+        mwh, hour, note = electricity_now(c) if electricity else (None, "", "not read")
         pools = [
             PoolView(p.accelerator, p.count, usage.pool(c.name, p.accelerator), running.get(c.name, {}).get(p.accelerator, 0),
                      p.price_per_device_hour, dict(p.throughput),
