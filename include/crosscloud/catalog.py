@@ -68,7 +68,7 @@ def load_catalog(fed: Federation, tenant: str, clouds: list[str] | None = None) 
 def uses_of(fed: Federation, run: Plan, at: float) -> list[Use]:
     """Where a run reads what: each cloud its shards and the initial model; the evaluation data and model
     at home; the whole dataset at its home, where every later preheat copies it from."""
-    return [Use(c.name, tuple(run.shards[i].sha256 for i in c.shards) + (run.init.sha256,), at) for c in run.clouds] + [
+    return [Use(c.name, tuple(r.sha256 for r in run.needs(c.name)), at) for c in run.clouds] + [
         Use(fed.local_cloud.name, (run.held_out.sha256, run.init.sha256), at),
         Use(fed.dataset(run.dataset).home, tuple(s.sha256 for s in run.shards), at),
     ]

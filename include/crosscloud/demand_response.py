@@ -182,6 +182,8 @@ def _home(fed: Federation, tenant: str) -> ObjectStore:
 
 def runs_on(fed: Federation, cloud: str, ledger: Ledger | None = None) -> list[RunOnCloud]:
     """Every run holding devices on ``cloud`` now (the ledger), with its current share, cap and round time."""
+    from crosscloud.coordinator import load_history  # the coordinator reads this module's directives
+
     held: dict[tuple[str, str], int] = {}
     for r in (ledger or Ledger()).active():
         if r.cloud == cloud:
@@ -192,8 +194,7 @@ def runs_on(fed: Federation, cloud: str, ledger: Ledger | None = None) -> list[R
         plan = Plan.load(home, tenant, run_id)
         if cloud not in {c.name for c in plan.clouds}:
             continue
-        key = f"{plan.keys.root}/history.json"
-        history = json.loads(home.get(key)) if home.exists(key) else []
+        history = load_history(home, plan)
         recent = [h["wall_s"] for h in history[-3:]]
         shares = (history[-1].get("next_shares") if history else None) or {c.name: c.share for c in plan.clouds}
         directives = read_directives(home, plan.keys.root)

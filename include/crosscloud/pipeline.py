@@ -17,6 +17,7 @@ import torch
 
 from crosscloud import baseline
 from crosscloud.admission import NotAdmitted, admit
+from crosscloud.artifacts import ChunkIndex, put_blob, read_blob, warmth
 from crosscloud.backends import Handle, SubTaskError, SubTaskSpec, get_backend
 from crosscloud.commit import read_commit, write_step
 from crosscloud.coordinator import Coordinator, load_global, load_history
@@ -31,7 +32,6 @@ from crosscloud.model import build_model, evaluate
 from crosscloud.names import manifest_key, validate_name
 from crosscloud.partition import PlacementError, partition
 from crosscloud.plan import BlobRef, Candidate, Plan
-from crosscloud.artifacts import ChunkIndex, put_blob, read_blob, warmth
 from crosscloud.preheat import TransferReport, fetch_all
 from crosscloud.presets import ModelConfig, preset
 from crosscloud.storage import StoreError, open_store
@@ -141,11 +141,6 @@ def release_stage(ref: RunRef) -> int:
     return Ledger().release(ref.tenant, ref.run_id)
 
 
-def _needs(plan: Plan, cloud: str) -> list[BlobRef]:
-    """What the sub-task on ``cloud`` reads before its first step: its shards and the initial model."""
-    return [plan.shards[i] for i in plan.cloud(cloud).shards] + [plan.init]
-
-
 def preheat_stage(ref: RunRef) -> dict:
     """Make every chosen cloud hold what its sub-task reads, then publish round 0 there.
 
@@ -160,7 +155,7 @@ def preheat_stage(ref: RunRef) -> dict:
     for cloud in plan.clouds:
         names = nearest_first(fed, cloud.name, sorted(holders | set(stores)))
         sources = [stores.get(n) or open_store(fed.cloud(n), plan.tenant) for n in names]
-        fetch_all(stores[cloud.name], sources, plan.tenant, _needs(plan, cloud.name), report)
+        fetch_all(stores[cloud.name], sources, plan.tenant, plan.needs(cloud.name), report)
         plan.save(stores[cloud.name])
     round0 = plan.keys.global_step(0)
     init_entry = {"artifact": manifest_key(plan.tenant, plan.init.sha256), "size": plan.init.size, "sha256": plan.init.sha256}
@@ -188,7 +183,7 @@ def check_warm(fed: Federation, plan: Plan, cloud: str) -> None:
     """Refuse to start a sub-task whose inputs are not all on its cloud, saying what is missing and for how long."""
     store = open_store(fed.cloud(cloud), plan.tenant)
     index = ChunkIndex(store, plan.tenant)
-    missing = sum(warmth(store, plan.tenant, r, index=index).missing_bytes for r in _needs(plan, cloud))
+    missing = sum(warmth(store, plan.tenant, r, index=index).missing_bytes for r in plan.needs(cloud))
     if missing:
         src = nearest_first(fed, cloud, [fed.dataset(plan.dataset).home, fed.local_cloud.name])[0]
         eta = network(fed)(src, cloud, missing)

@@ -95,6 +95,10 @@ class Plan(_Model):
                 return c
         raise KeyError(f"cloud {name!r} is not in the plan of run {self.run_id}; planned: {[c.name for c in self.clouds]}")
 
+    def needs(self, cloud: str) -> list[BlobRef]:
+        """What the sub-task on ``cloud`` reads before its first step: its shards and the initial model."""
+        return [self.shards[i] for i in self.cloud(cloud).shards] + [self.init]
+
     def save(self, store: ObjectStore) -> None:
         store.put(self.keys.plan, self.model_dump_json(indent=2).encode())
 

@@ -17,7 +17,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
-from crosscloud.artifacts import ChunkIndex, Manifest, PackWriter, load_manifest, manifest_key, read_chunks, read_ranges
+from crosscloud.artifacts import ChunkIndex, Manifest, PackWriter, load_manifest, manifest_key, read_chunks, read_ranges, warmth
 from crosscloud.commit import IntegrityError
 from crosscloud.plan import BlobRef
 from crosscloud.storage import ObjectNotFound, ObjectStore, StoreError
@@ -99,7 +99,7 @@ def fetch(dst: ObjectStore, sources: list[ObjectStore], tenant: str, ref: BlobRe
     """
     _release_large_buffers()
     index = index or ChunkIndex(dst, tenant)
-    if dst.exists(manifest_key(tenant, ref.sha256)) and not index.missing(load_manifest(dst, tenant, ref).unique()):
+    if warmth(dst, tenant, ref, index=index).warm:
         report.add(dst.cloud, 0, ref.size)
         return 0
     others = [s for s in sources if s.cloud != dst.cloud]
