@@ -50,6 +50,14 @@ infer_synthetic,400,1.0,3200,1.00,400
 os.environ["CROSSCLOUD_DATA_DIR"] = str(_STATE / "data")
 
 
+@pytest.fixture()
+def ledger(tmp_path):
+    """A reservation ledger of the test's own, so reservations never leak between tests."""
+    from crosscloud.ledger import Ledger
+
+    return Ledger(tmp_path / "ledger.sqlite")
+
+
 @pytest.fixture(scope="session")
 def state_dir() -> Path:
     return _STATE

@@ -5,26 +5,15 @@ from __future__ import annotations
 import multiprocessing
 
 import pytest
-import yaml
 
 from crosscloud.admission import NotAdmitted, admit
-from crosscloud.federation import DEFAULT_FEDERATION, FederationError, parse_federation
+from crosscloud.federation import FederationError
 from crosscloud.inventory import collect
 from crosscloud.job import JobSpec
 from crosscloud.ledger import Ledger, ReservationError
 from crosscloud.partition import PlacementError
 
-
-def _fed(mutate=None):
-    raw = yaml.safe_load(DEFAULT_FEDERATION.read_text())
-    if mutate:
-        mutate(raw)
-    return parse_federation(raw)
-
-
-@pytest.fixture()
-def ledger(tmp_path):
-    return Ledger(tmp_path / "ledger.sqlite")
+from federations import embedded
 
 
 def _admit(fed, ledger, run_id="r1", data_at=("beijing",), data_bytes=0, **job):
@@ -36,7 +25,7 @@ def _where(admission):
 
 
 def test_spread_takes_every_eligible_cloud_and_reserves_it(ledger):
-    fed = _fed()
+    fed = embedded()
     assert _where(_admit(fed, ledger)) == {"beijing": 1, "shanghai": 1, "singapore": 1}
     inv = collect(fed, ledger, tenant="team-a")
     assert {c.name: c.pools[0].free for c in inv.clouds} == {"beijing": 3, "shanghai": 1, "singapore": 1}
@@ -46,7 +35,7 @@ def test_spread_takes_every_eligible_cloud_and_reserves_it(ledger):
 
 
 def test_retried_admission_gets_its_own_reservation_back(ledger):
-    fed = _fed()
+    fed = embedded()
     first = _admit(fed, ledger, devices_per_cloud=2)
     again = _admit(fed, ledger, devices_per_cloud=2)
     assert _where(again) == _where(first)
@@ -58,7 +47,7 @@ def test_rejections_carry_their_reason(ledger):
         raw["clouds"][1]["state"] = "draining"
         raw["clouds"][2]["pools"][0]["accelerator"] = "hygon-k100"
 
-    admission = _admit(_fed(drain_and_no_image), ledger)
+    admission = _admit(embedded(drain_and_no_image), ledger)
     assert list(_where(admission)) == ["beijing"]
     reasons = {c.cloud: c.reason for c in admission.considered}
     assert "draining" in reasons["shanghai"]
@@ -66,7 +55,7 @@ def test_rejections_carry_their_reason(ledger):
 
 
 def test_draining_at_runtime_needs_no_restart(ledger):
-    fed = _fed()
+    fed = embedded()
     ledger.set_state("shanghai", "draining")
     assert "shanghai" not in _where(_admit(fed, ledger, run_id="a"))
     ledger.set_state("shanghai", "active")
@@ -77,7 +66,7 @@ def test_joining_cloud_gets_work_only_after_a_passed_check(ledger):
     def joining(raw):
         raw["clouds"][2]["state"] = "joining"
 
-    fed = _fed(joining)
+    fed = embedded(joining)
     reasons = {c.cloud: c.reason for c in _admit(fed, ledger, run_id="a").considered}
     assert "has not passed its join check" in reasons["singapore"]
     ledger.record_check("singapore", False, "store: access denied")
@@ -88,14 +77,14 @@ def test_joining_cloud_gets_work_only_after_a_passed_check(ledger):
 
 
 def test_quota_bounds_devices_and_a_tenant_without_quota_is_told_why(ledger):
-    fed = _fed()
+    fed = embedded()
     assert _where(_admit(fed, ledger, devices_per_cloud=3)) == {"beijing": 3, "shanghai": 2, "singapore": 2}
     with pytest.raises(PlacementError, match="singapore/cpu: tenant team-b has no quota left here"):
         _admit(fed, ledger, run_id="b", tenant="team-b", clouds=["singapore"])
 
 
 def test_quota_is_per_tenant_and_counts_running_reservations(ledger):
-    fed = _fed()
+    fed = embedded()
     _admit(fed, ledger, run_id="b1", tenant="team-b", clouds=["shanghai"])  # team-b's whole shanghai quota (1)
     with pytest.raises(NotAdmitted, match="shanghai/cpu: full: 0 of 2 free to team-b"):  # waits for its own run
         _admit(fed, ledger, run_id="b2", tenant="team-b", clouds=["shanghai"])
@@ -107,7 +96,7 @@ def test_resident_data_is_never_placed_out_of_its_jurisdiction(ledger):
     def cn_resident(raw):
         raw["datasets"][0]["residency"] = "CN"
 
-    fed = _fed(cn_resident)
+    fed = embedded(cn_resident)
     admission = _admit(fed, ledger)
     assert set(_where(admission)) == {"beijing", "shanghai"}
     assert "data resident in CN, cloud is in SG" in {c.cloud: c.reason for c in admission.considered}["singapore"]
@@ -116,7 +105,7 @@ def test_resident_data_is_never_placed_out_of_its_jurisdiction(ledger):
 
 
 def test_unknown_cloud_and_single_cluster_errors(ledger):
-    fed = _fed()
+    fed = embedded()
     with pytest.raises(FederationError, match="unknown cloud 'mars'"):
         _admit(fed, ledger, clouds=["mars"])
     with pytest.raises(PlacementError, match="single_cluster mode runs on one cloud"):
@@ -126,7 +115,7 @@ def test_unknown_cloud_and_single_cluster_errors(ledger):
 
 
 def test_auto_uses_one_cloud_when_it_suffices_and_splits_when_none_can(ledger):
-    fed = _fed()
+    fed = embedded()
     one = _admit(fed, ledger, run_id="a", placement="auto", devices=3)
     assert _where(one) == {"beijing": 3}
     ledger.release("team-a", "a")
@@ -137,7 +126,7 @@ def test_auto_uses_one_cloud_when_it_suffices_and_splits_when_none_can(ledger):
 
 
 def test_auto_forwards_a_job_with_its_data_when_its_center_is_full(ledger):
-    fed = _fed()
+    fed = embedded()
     _admit(fed, ledger, run_id="other", tenant="team-b", clouds=["beijing"], devices_per_cloud=2)
     _admit(fed, ledger, run_id="mine", clouds=["beijing"], devices_per_cloud=2)  # beijing is now full
     moved = _admit(fed, ledger, run_id="next", placement="auto", devices=2, data_at=("beijing",), data_bytes=10**9)
@@ -147,7 +136,7 @@ def test_auto_forwards_a_job_with_its_data_when_its_center_is_full(ledger):
 
 
 def test_full_federation_waits_then_admits_when_devices_free(ledger):
-    fed = _fed()
+    fed = embedded()
     _admit(fed, ledger, run_id="big", devices_per_cloud=4)  # every device of the federation
     with pytest.raises(NotAdmitted, match="waiting for devices"):
         _admit(fed, ledger, run_id="waiting", placement="auto", devices=2)
@@ -164,7 +153,7 @@ def test_ledger_refuses_a_decision_beyond_capacity_or_quota(ledger):
 
 
 def _contend(path: str, i: int, results) -> None:
-    fed = _fed()
+    fed = embedded()
     try:
         admission = admit(fed, JobSpec(placement="auto", devices=1, tenant="team-a"), f"run-{i}", "byte-lm", 0, {"beijing"},
                           Ledger(path))

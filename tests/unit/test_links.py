@@ -4,16 +4,13 @@ from __future__ import annotations
 
 import time
 
-import yaml
-
-from crosscloud.federation import DEFAULT_FEDERATION, parse_federation
 from crosscloud.links import EmulatedLink, LinkedStore, store_seen_from
+
+from federations import embedded
 
 
 def _fed(bandwidth: float):
-    raw = yaml.safe_load(DEFAULT_FEDERATION.read_text())
-    raw["links"][1].update({"emulate": True, "bandwidth_mbps": bandwidth})  # beijing <-> singapore
-    return parse_federation(raw)
+    return embedded(lambda raw: raw["links"][1].update({"emulate": True, "bandwidth_mbps": bandwidth}))  # beijing <-> singapore
 
 
 def test_only_emulated_links_wrap_the_store():

@@ -5,26 +5,13 @@ from __future__ import annotations
 import json
 
 import pytest
-import yaml
 
 from crosscloud import cli, membership
 from crosscloud.admission import admit
-from crosscloud.federation import DEFAULT_FEDERATION, parse_federation
 from crosscloud.inventory import collect
 from crosscloud.job import JobSpec
-from crosscloud.ledger import Ledger
 
-
-def _fed(mutate=None):
-    raw = yaml.safe_load(DEFAULT_FEDERATION.read_text())
-    if mutate:
-        mutate(raw)
-    return parse_federation(raw)
-
-
-@pytest.fixture()
-def ledger(tmp_path):
-    return Ledger(tmp_path / "ledger.sqlite")
+from federations import embedded
 
 
 def _clouds(fed, ledger, run_id):
@@ -35,7 +22,7 @@ def test_a_joining_cloud_is_used_after_its_probe_passes(ledger):
     def joining(raw):
         raw["clouds"][2]["state"] = "joining"
 
-    fed = _fed(joining)
+    fed = embedded(joining)
     assert "singapore" not in _clouds(fed, ledger, "before")
     ok, detail = membership.join(fed, "singapore", ledger)
     assert ok, detail
@@ -52,14 +39,14 @@ def test_a_joining_cloud_is_used_after_its_probe_passes(ledger):
     ],
 )
 def test_a_failed_check_names_what_failed_and_keeps_work_away(ledger, mutate, part):
-    fed = _fed(mutate)
+    fed = embedded(mutate)
     ok, detail = membership.join(fed, "singapore", ledger)
     assert not ok and part in detail
     assert "last join check failed" in collect(fed, ledger).cloud("singapore").refuses
 
 
 def test_drain_and_activate_take_effect_at_the_next_placement(ledger):
-    fed = _fed()
+    fed = embedded()
     membership.drain(fed, "shanghai", ledger)
     assert "shanghai" not in _clouds(fed, ledger, "a")
     membership.activate(fed, "shanghai", ledger)
@@ -67,7 +54,7 @@ def test_drain_and_activate_take_effect_at_the_next_placement(ledger):
 
 
 def test_removing_a_cloud_affects_no_other(ledger):
-    fed = _fed()
+    fed = embedded()
     assert _clouds(fed, ledger, "a") == {"beijing", "shanghai", "singapore"}
 
     def without_singapore(raw):
@@ -75,7 +62,7 @@ def test_removing_a_cloud_affects_no_other(ledger):
         raw["links"] = [link for link in raw["links"] if "singapore" not in (link["a"], link["b"])]
         raw["tenants"][0]["quotas"].pop("singapore")
 
-    smaller = _fed(without_singapore)
+    smaller = embedded(without_singapore)
     assert _clouds(smaller, ledger, "b") == {"beijing", "shanghai"}
     assert [c.name for c in collect(smaller, ledger).clouds] == ["beijing", "shanghai"]
 

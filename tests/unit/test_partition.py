@@ -3,19 +3,12 @@
 from __future__ import annotations
 
 import pytest
-import yaml
 
-from crosscloud.federation import DEFAULT_FEDERATION, parse_federation
 from crosscloud.job import JobSpec, JobSpecError
 from crosscloud.partition import PlacementError, apportion, partition
 from crosscloud.placement import Part
 
-
-def _fed(mutate=None):
-    raw = yaml.safe_load(DEFAULT_FEDERATION.read_text())
-    if mutate:
-        mutate(raw)
-    return parse_federation(raw)
+from federations import embedded
 
 
 ALL = [Part("beijing", "cpu", 1), Part("shanghai", "cpu", 1), Part("singapore", "cpu", 1)]
@@ -35,7 +28,7 @@ def test_shares_proportional_to_effective_throughput():
     def faster(raw):
         raw["clouds"][1]["pools"][0]["throughput"] = {"default": 1.0, "byte-lm": 2.0}
 
-    clouds = partition(_fed(faster), JobSpec(global_batch=40), "byte-lm", ALL, 12)
+    clouds = partition(embedded(faster), JobSpec(global_batch=40), "byte-lm", ALL, 12)
     assert {c.name: c.share for c in clouds} == {"beijing": 10, "shanghai": 20, "singapore": 10}
     # data follows the shares: the faster cloud holds twice the shards
     assert {c.name: len(c.shards) for c in clouds} == {"beijing": 3, "shanghai": 6, "singapore": 3}
@@ -44,7 +37,7 @@ def test_shares_proportional_to_effective_throughput():
 
 def test_more_devices_mean_a_larger_share():
     parts = [Part("beijing", "cpu", 3), Part("shanghai", "cpu", 1)]
-    clouds = partition(_fed(), JobSpec(global_batch=24), "byte-lm", parts, 12)
+    clouds = partition(embedded(), JobSpec(global_batch=24), "byte-lm", parts, 12)
     assert [(c.name, c.devices, c.share) for c in clouds] == [("beijing", 3, 18), ("shanghai", 1, 6)]
 
 
@@ -53,7 +46,7 @@ def test_resident_shards_are_refused_out_of_their_jurisdiction():
         raw["datasets"][0]["residency"] = "CN"
 
     with pytest.raises(PlacementError, match=r"resident in CN and may not be sent to \['singapore'\]"):
-        partition(_fed(cn_resident), JobSpec(), "byte-lm", ALL, 12)
+        partition(embedded(cn_resident), JobSpec(), "byte-lm", ALL, 12)
 
 
 @pytest.mark.parametrize(
