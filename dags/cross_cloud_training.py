@@ -36,7 +36,7 @@ from __future__ import annotations
 from datetime import datetime, timedelta
 
 from airflow.sdk import Param, PokeReturnValue, dag, get_current_context, task
-from crosscloud.job import MODES, PLACEMENTS, JobSpec
+from crosscloud.job import LR_SCALINGS, MODES, PLACEMENTS, JobSpec
 from crosscloud.presets import PRESETS
 from crosscloud_airflow.operators import LocalSubTaskOperator, SyncCheckpointsOperator, run_ref
 
@@ -74,7 +74,11 @@ JOB = JobSpec()  # the Params' defaults are the engine's, so the DAG runs what b
         "mode": Param(
             JOB.mode, enum=list(MODES), description="single_cluster runs the same job on one cloud: the baseline.",
         ),
-        "inner_lr": Param(JOB.inner_lr, type="number", exclusiveMinimum=0, description="AdamW learning rate."),
+        "inner_lr": Param(JOB.inner_lr, type="number", exclusiveMinimum=0, description="AdamW learning rate for the global batch."),
+        "local_lr_scaling": Param(
+            JOB.local_lr_scaling, enum=list(LR_SCALINGS),
+            description="A cloud's AdamW lr is inner_lr x (global_batch / its share) ** (0, 1/2 or 1).",
+        ),
         "outer_lr": Param(JOB.outer_lr, type="number", exclusiveMinimum=0, description="Outer Nesterov SGD learning rate."),
         "outer_momentum": Param(JOB.outer_momentum, type="number", minimum=0, exclusiveMaximum=1, description="Outer momentum."),
         "round_timeout_s": Param(JOB.round_timeout_s, type="number", exclusiveMinimum=0, description="Longest wait for a round."),

@@ -3,9 +3,10 @@
 For each round it waits for every cloud's committed pseudo-gradient, verifies
 it, averages by the samples the plan gave each cloud, applies the outer
 Nesterov step and publishes the new global checkpoint to every cloud's store
-(the coordinator's own store last: that commit is what marks a round done).
+(the coordinator's own store first: that commit is what marks a round done).
 A restarted coordinator resumes after the last round committed there, so no
-round is applied twice.
+round is applied twice, and first re-publishes that round to any cloud a crash
+left without it.
 """
 
 from __future__ import annotations
@@ -61,12 +62,15 @@ def load_global(store: ObjectStore, plan: Plan, round_: int) -> tuple[dict, dict
 
 
 def publish_global(stores: dict[str, ObjectStore], home: str, plan: Plan, round_: int, objects: dict, meta: dict) -> None:
-    """Write a global checkpoint to every cloud's store, the coordinator's own last.
+    """Write a global checkpoint to every cloud's store, the coordinator's own first.
 
+    Own first: the worker in the coordinator's cloud folds the global in without
+    waiting for the WAN copies, and a crash in between leaves a round that the
+    restarted coordinator completes (``run`` re-publishes it where it is missing).
     Only the coordinator's store keeps the outer optimizer state: no other cloud
     needs it, so it never crosses a link.
     """
-    for name in sorted(stores, key=lambda n: n == home):
+    for name in sorted(stores, key=lambda n: n != home):
         shared = objects if name == home else {k: v for k, v in objects.items() if k != "outer_state.safetensors"}
         write_step(stores[name], plan.keys.global_step(round_), shared, meta=meta)
 

@@ -63,6 +63,7 @@ class Tracker:
             "mode": spec.mode,
             "placement": spec.placement,
             "inner_lr": spec.inner_lr,
+            "local_lr_scaling": spec.local_lr_scaling,
             "outer_lr": plan.outer["lr"],
             "outer_momentum": plan.outer["momentum"],
             "devices_total": sum(c.devices for c in plan.clouds),

@@ -1,7 +1,7 @@
 """The training worker: one cloud's sub-task of a cross-cloud run.
 
-Each round it waits for the committed global checkpoint in its own cloud's
-store, trains ``inner_steps`` AdamW steps on its own shards, and commits its
+Each round it trains ``inner_steps`` AdamW steps on its own shards, with an lr
+for its part of the global batch (``job.local_lr``), and commits its
 pseudo-gradient (global - local) with the round's timings. It reads and writes
 nothing but its own cloud's store. Inside the cloud, several devices train with
 ordinary data parallelism (torch.distributed, launched by torchrun).
@@ -23,6 +23,7 @@ import torch.distributed as dist
 from crosscloud.commit import put_object, read_commit, read_object, write_step
 from crosscloud.compression import ErrorFeedback
 from crosscloud.federation import load_federation
+from crosscloud.job import local_lr
 from crosscloud.model import build_model, lm_loss
 from crosscloud.model import batches as sample_batches
 from crosscloud.partition import apportion
@@ -53,10 +54,36 @@ def wait_for_commit(store: ObjectStore, step: str, stop_key: str, timeout_s: flo
         time.sleep(POLL_S)
 
 
-def continue_from(global_params: dict[str, torch.Tensor], progress: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """Overlapped rounds: the next round starts from the newest global plus this cloud's own
-    progress of the round the global does not yet contain."""
-    return {n: global_params[n] + progress[n] for n in global_params}
+class DelayedGlobal:
+    """Folds each global checkpoint into a model that has trained on without it.
+
+    Round r's exchange runs while round r + 1 computes, so global r + 1 (every cloud's round r)
+    arrives while this cloud is already past it: its model is global r plus its own progress
+    of rounds r, r + 1, ... . Global r + 1 is folded in the moment it is committed, usually a
+    few steps into round r + 1, by swapping this cloud's own round-r progress for what the
+    outer step made of all clouds' (``correction``). Waiting only happens when it is still
+    missing a whole round later.
+    """
+
+    def __init__(self, params: dict[str, torch.Tensor], meta: dict):
+        self.params, self.round, self.metas = params, 0, {0: meta}
+        self.own: dict[int, dict[str, torch.Tensor]] = {}
+
+    def record(self, round_: int, progress: dict[str, torch.Tensor]) -> None:
+        """This cloud's progress of ``round_``, kept until the global that contains it arrives."""
+        self.own[round_] = progress
+
+    def pending(self) -> bool:
+        """Whether a round this cloud has committed is not yet folded in."""
+        return self.round in self.own
+
+    def correction(self, params: dict[str, torch.Tensor], meta: dict) -> dict[str, torch.Tensor]:
+        """Global ``self.round + 1`` arrived: what to add to the model (and to its round base)."""
+        own = self.own.pop(self.round)
+        fix = {n: params[n] - self.params[n] - own[n] for n in params}
+        self.params, self.round = params, self.round + 1
+        self.metas[self.round] = meta
+        return fix
 
 
 def throttle(step_s: float, throughput: float) -> None:
@@ -96,22 +123,49 @@ def train(plan: Plan, cloud: str, store: ObjectStore) -> None:
     cfg = ModelConfig(**plan.model)
     model = build_model(cfg, plan.spec.seed)
     ddp = torch.nn.parallel.DistributedDataParallel(model) if world > 1 else model
-    opt = torch.optim.AdamW(model.parameters(), lr=spec.inner_lr, weight_decay=0.0)
     share = me.share
+    opt = torch.optim.AdamW(model.parameters(), lr=local_lr(spec, share), weight_decay=0.0)
     gen = torch.Generator().manual_seed(zlib.crc32(f"{spec.seed}/{cloud}/{rank}".encode()))
 
     feedback = ErrorFeedback() if plan.compression == "int8" else None
     t0 = time.perf_counter()
     commit = wait_for_commit(store, keys.global_step(0), keys.stop, spec.round_timeout_s)
-    model.load_state_dict(from_bytes(read_object(store, commit, "params.safetensors")))
+    params = from_bytes(read_object(store, commit, "params.safetensors"))
+    model.load_state_dict(params)
+    known = DelayedGlobal(params, commit["meta"])
     base = _snapshot(model)
+
+    def fold_in(commit: dict) -> None:
+        nonlocal base
+        fix = known.correction(from_bytes(read_object(store, commit, "params.safetensors")), commit["meta"])
+        model.load_state_dict({n: t + fix[n] for n, t in _snapshot(model).items()})
+        base = {n: t + fix[n] for n, t in base.items()}  # the running round's progress stays its own
+
+    def arrived() -> dict | None:
+        """The next global if it is committed already (rank 0 looks; every rank learns the answer)."""
+        commit = read_commit(store, keys.global_step(known.round + 1)) if rank == 0 else None
+        if world > 1:
+            flag = torch.tensor([commit is not None], dtype=torch.int32)
+            dist.broadcast(flag, 0)
+            if flag.item() and commit is None:
+                commit = read_commit(store, keys.global_step(known.round + 1))
+        return commit
+
     ready = {"wait_s": time.perf_counter() - t0, "download_s": 0.0}
     cap = {"cap": 1.0, "throughput": 1.0}
     for r in range(spec.rounds):
         t1, started_at = time.perf_counter(), time.time()
-        losses, step_s = [], []
+        losses, step_s, fold_s, folded_at = [], [], 0.0, None
         batch = apportion(share, [1.0] * world)[rank] if share >= world else 1
+        for group in opt.param_groups:  # shares may have moved: the lr follows this cloud's part of the batch
+            group["lr"] = local_lr(spec, share)
         for _ in range(spec.inner_steps if share > 0 else 0):  # share 0: the work moved away, devices idle
+            if known.pending():  # overlap: fold the global in the moment it is committed, without waiting
+                tf = time.perf_counter()
+                if (commit := arrived()) is not None:
+                    fold_in(commit)
+                    folded_at = len(losses)
+                fold_s += time.perf_counter() - tf
             ts = time.perf_counter()
             loss = lm_loss(ddp, sample_batches(data, batch, cfg.seq_len, gen))
             opt.zero_grad(set_to_none=True)
@@ -122,34 +176,37 @@ def train(plan: Plan, cloud: str, store: ObjectStore) -> None:
             step_s.append(time.perf_counter() - ts)
         t2 = time.perf_counter()
         progress = {n: t - base[n] for n, t in _snapshot(model).items()}
+        known.record(r, progress)
+        ready["download_s"] += fold_s
         if rank == 0:
             _commit_delta(store, keys.cloud_step(cloud, r), progress, feedback, {
                 "round": r, "cloud": cloud, "samples": share * spec.inner_steps, "losses": losses,
-                "step_s": step_s, "compute_s": t2 - t1, "cap": cap["cap"], "started_at": started_at, **ready,
+                "step_s": step_s, "compute_s": t2 - t1 - fold_s, "folded_at_step": folded_at, "cap": cap["cap"],
+                "started_at": started_at, **ready,
             })
             if losses:
                 capped = "" if cap["cap"] == 1.0 else f" under a {cap['cap']:.0%} power cap"
-                print(f"round {r}: loss {losses[0]:.3f} -> {losses[-1]:.3f}, {1000 * (t2 - t1) / spec.inner_steps:.1f} "
-                      f"ms/step{capped}, waited {ready['wait_s']:.2f} s", flush=True)
+                folded = "" if folded_at is None else f", global {r} folded in after {folded_at} steps"
+                print(f"round {r}: loss {losses[0]:.3f} -> {losses[-1]:.3f}, {1000 * (t2 - t1 - fold_s) / spec.inner_steps:.1f} "
+                      f"ms/step{capped}, waited {ready['wait_s']:.2f} s{folded}", flush=True)
             else:
                 print(f"round {r}: idle, its work shifted to the other clouds", flush=True)
         if r == spec.rounds - 1:
             break
-        # overlap: the next round starts from global r - the newest the coordinator can have
-        # published without this round's pseudo-gradients - plus this round's own progress, so
-        # the exchange of round r runs while round r + 1 computes; blocking: wait for global r + 1.
-        t3 = time.perf_counter()
-        if plan.overlap and r == 0:  # round 0 started from the initial global: nothing to correct
-            t4 = t3
-        else:
-            commit = wait_for_commit(store, keys.global_step(r if plan.overlap else r + 1), keys.stop, spec.round_timeout_s)
-            t4 = time.perf_counter()
-            params = from_bytes(read_object(store, commit, "params.safetensors"))
-            model.load_state_dict(continue_from(params, progress) if plan.overlap else params)
-            share = commit["meta"].get("next_shares", {}).get(cloud, share)  # straggler-aware and grid-shifted shares
-            cap = commit["meta"].get("caps", {}).get(cloud, {"cap": 1.0, "throughput": 1.0})  # a grid request's power cap
+        # overlap: round r + 1 needs no more than global r (this round's exchange runs while it
+        # computes and is folded in when it lands); blocking: it starts from global r + 1.
+        t3, wait_s = time.perf_counter(), 0.0
+        need = r if plan.overlap else r + 1
+        while known.round < need:
+            tw = time.perf_counter()
+            commit = wait_for_commit(store, keys.global_step(known.round + 1), keys.stop, spec.round_timeout_s)
+            wait_s += time.perf_counter() - tw
+            fold_in(commit)
+        meta = known.metas[need]
+        share = meta.get("next_shares", {}).get(cloud, share)  # straggler-aware and grid-shifted shares
+        cap = meta.get("caps", {}).get(cloud, {"cap": 1.0, "throughput": 1.0})  # a grid request's power cap
         base = _snapshot(model)
-        ready = {"wait_s": t4 - t3, "download_s": time.perf_counter() - t4}
+        ready = {"wait_s": wait_s, "download_s": time.perf_counter() - t3 - wait_s}
     if world > 1:
         dist.destroy_process_group()
 

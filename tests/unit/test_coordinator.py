@@ -100,3 +100,21 @@ def test_grid_directives_become_next_round_shares_and_caps(planned):
     write_directive(home, plan.keys.root, "beijing", None, {})
     restored = coordinator.next_round({**shares, "beijing": 0}, {}, home)
     assert restored == {"caps": {}, "next_shares": shares}  # the plan's shares, said explicitly to the idle worker
+
+
+def test_a_round_committed_at_home_only_is_completed_on_resume(planned):
+    # the coordinator's own store is written first: a crash right after it leaves the other
+    # clouds without the round, and the restarted coordinator re-publishes it unchanged
+    plan, stores = planned
+    for cloud, store in stores.items():
+        _commit_delta(store, plan, cloud, 0)
+    with pytest.raises(SubTaskLost, match="round 1: no pseudo-gradient"):
+        Coordinator(plan, stores, handles=[], log=lambda m: None).run()
+    home = stores[plan.coordinator_cloud]
+    other = next(name for name in stores if name != plan.coordinator_cloud)
+    before = read_commit(stores[other], plan.keys.global_step(1))
+    stores[other].delete(f"{plan.keys.global_step(1)}/COMMIT.json")
+    assert read_commit(home, plan.keys.global_step(1)) is not None
+    with pytest.raises(SubTaskLost, match="round 1: no pseudo-gradient"):
+        Coordinator(plan, stores, handles=[], log=lambda m: None).run()
+    assert read_commit(stores[other], plan.keys.global_step(1)) == before
