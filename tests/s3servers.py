@@ -25,10 +25,17 @@ def free_port() -> int:
 
 
 class _Gate:
-    """A TCP forwarder in front of a server: while closed it refuses every connection."""
+    """A TCP forwarder in front of a server: while closed it refuses every connection.
+
+    Faults for the tests: ``cut`` drops the connections already open (clients
+    keep pooled ones), and ``flips`` damages that many responses in transit by
+    flipping one bit of the body of the next ranged (206) responses.
+    """
 
     def __init__(self, port: int, target: int):
         self.target, self.open = target, True
+        self.flips, self.flipped, self.refused = 0, 0, 0
+        self.live: set[socket.socket] = set()
         self.sock = socket.create_server(("127.0.0.1", port))
         threading.Thread(target=self._accept, daemon=True).start()
 
@@ -39,6 +46,7 @@ class _Gate:
             except OSError:
                 return
             if not self.open:
+                self.refused += 1
                 client.close()
                 continue
             try:
@@ -46,25 +54,64 @@ class _Gate:
             except OSError:
                 client.close()
                 continue
-            for a, b in ((client, upstream), (upstream, client)):
-                threading.Thread(target=self._pipe, args=(a, b), daemon=True).start()
+            self.live |= {client, upstream}
+            threading.Thread(target=self._pipe, args=(client, upstream), daemon=True).start()
+            threading.Thread(target=self._pipe, args=(upstream, client, True), daemon=True).start()
 
-    @staticmethod
-    def _pipe(src: socket.socket, dst: socket.socket) -> None:
+    def _pipe(self, src: socket.socket, dst: socket.socket, downstream: bool = False) -> None:
+        state = "idle"
         try:
             while data := src.recv(1 << 16):
+                if downstream and self.flips:
+                    data, state = self._flip(data, state)
                 dst.sendall(data)
         except OSError:
             pass
         finally:
             for s in (src, dst):
+                self.live.discard(s)
                 try:
                     s.shutdown(socket.SHUT_RDWR)
                 except OSError:
                     pass
 
+    def _flip(self, data: bytes, state: str) -> tuple[bytes, str]:
+        """Flip one bit of the first body byte of a 206 response; ``state`` carries over between reads."""
+        start = 0
+        if state == "idle":
+            start = data.find(b"HTTP/1.1 206")
+            if start < 0:
+                return data, "idle"
+            state = "headers"
+        if state == "headers":
+            end = data.find(b"\r\n\r\n", start)
+            if end < 0:
+                return data, "headers"
+            state, start = "body", end + 4
+        if start >= len(data):
+            return data, "body"
+        damaged = bytearray(data)
+        damaged[start] ^= 0x01
+        self.flips, self.flipped = self.flips - 1, self.flipped + 1
+        return bytes(damaged), "idle"
+
+    def cut(self) -> None:
+        for s in list(self.live):
+            try:
+                s.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+
     def close(self) -> None:
         self.sock.close()
+
+
+def tenant_policy(bucket: str, prefix: str, tenant: str, actions: tuple[str, ...] = ("GetObject", "PutObject", "DeleteObject")) -> dict:
+    """An IAM policy giving ``actions`` on the objects under ``<prefix>/<tenant>/`` only, and listing the bucket."""
+    return {"Version": "2012-10-17", "Statement": [
+        {"Effect": "Allow", "Action": [f"s3:{a}" for a in actions], "Resource": f"arn:aws:s3:::{bucket}/{prefix}/{tenant}/*"},
+        {"Effect": "Allow", "Action": "s3:ListBucket", "Resource": f"arn:aws:s3:::{bucket}"},
+    ]}
 
 
 class S3Server:
@@ -121,6 +168,52 @@ class S3Server:
         for bucket in buckets:
             self.client(direct=True).create_bucket(Bucket=bucket)
         self._gate.open = True
+
+    def outage(self, down_s: float) -> None:
+        """The server unreachable for ``down_s``, its objects kept: new connections refused, open ones dropped.
+
+        Restartable servers only (they sit behind the gate); ``refused`` counts the connections turned away.
+        """
+        self._gate.open = False
+        self._gate.cut()
+        time.sleep(down_s)
+        self._gate.open = True
+
+    def flip_in_transit(self, responses: int = 1) -> None:
+        """Damage the body of the next ``responses`` ranged reads on their way to the client (one bit each)."""
+        self._gate.flips += responses
+
+    @property
+    def flipped(self) -> int:
+        return self._gate.flipped
+
+    @property
+    def refused(self) -> int:
+        return self._gate.refused
+
+    def enforce_policies(self, policies: dict[str, dict]) -> dict[str, dict[str, str]]:
+        """Turn on moto's IAM checks with one user per entry of ``policies``; returns each user's credentials.
+
+        Once on, every request must be signed by a user whose policy allows it,
+        as on a real cloud's store; set up buckets before.
+        """
+        import json
+        import urllib.request
+
+        import boto3
+
+        iam = boto3.client("iam", endpoint_url=f"http://127.0.0.1:{self._server_port}", region_name="us-east-1",
+                           aws_access_key_id="testing", aws_secret_access_key="testing")
+        credentials = {}
+        for user, policy in policies.items():
+            iam.create_user(UserName=user)
+            iam.put_user_policy(UserName=user, PolicyName=f"{user}-store", PolicyDocument=json.dumps(policy))
+            key = iam.create_access_key(UserName=user)["AccessKey"]
+            credentials[user] = {"aws_access_key_id": key["AccessKeyId"], "aws_secret_access_key": key["SecretAccessKey"]}
+        request = urllib.request.Request(f"http://127.0.0.1:{self._server_port}/moto-api/reset-auth", data=b"0", method="POST",
+                                         headers={"Content-Type": "text/plain"})
+        urllib.request.urlopen(request, timeout=10).read()
+        return credentials
 
     def client(self, direct: bool = False):
         """A client of the endpoint (or, ``direct``, of the server behind the gate)."""

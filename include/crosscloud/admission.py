@@ -23,7 +23,11 @@ from crosscloud.ledger import Ledger, Usage
 from crosscloud.partition import PlacementError
 from crosscloud.links import network
 from crosscloud.placement import Considered, JobRequest, Part, Site, place, refusal
-from crosscloud.presets import SAMPLE_SECONDS
+from crosscloud.presets import PRESETS, SAMPLE_SECONDS
+
+FIX = ("Change the job parameters clouds, model_size or devices, or the federation "
+       "(the tenant's quotas, the clouds' pools and images)")
+
 
 class NotAdmitted(RuntimeError):
     """The job fits the federation but not its free devices now; retry later."""
@@ -52,6 +56,7 @@ def job_request(fed: Federation, spec: JobSpec, family: str, data_bytes: int, da
         quota=dict(tenant.quotas),
         clouds=frozenset(spec.clouds) if spec.clouds else None,
         splittable=spec.mode == "cross_cloud",
+        memory_gb=PRESETS[spec.model_size].min_train_memory_gb(),
     )
 
 
@@ -81,7 +86,7 @@ def _spread(job: JobRequest, sites: list[Site], per_cloud: int, pinned: bool) ->
     explained = "; ".join(f"{c.cloud}/{c.accelerator}: {c.reason}" for c in considered)
     never = (job.clouds - later) if pinned else (set() if later else {"any"})
     if never:
-        raise PlacementError(f"no placement for tenant {job.tenant} on {sorted(never)}: {explained}")
+        raise PlacementError(f"no placement for tenant {job.tenant} on {sorted(never)}: {explained}. {FIX}")
     if not parts or (pinned and later - {p.cloud for p in parts}):  # every cloud asked for, or wait
         raise NotAdmitted(f"waiting for devices: {explained}")
     return parts, considered
@@ -93,41 +98,61 @@ def _could_ever(job: JobRequest, sites: list[Site]) -> bool:
     return any(r >= job.devices for r in room) or (job.splittable and sum(room) >= job.devices)
 
 
-def admit(fed: Federation, spec: JobSpec, run_id: str, family: str, data_bytes: int, data_at: set[str],
-          ledger: Ledger | None = None) -> Admission:
-    """Choose where the run trains and reserve its devices; see the module docstring for the two errors."""
-    ledger = ledger or Ledger()
+def _check_request(fed: Federation, spec: JobSpec) -> None:
     for name in spec.clouds:
         fed.cloud(name)  # an unknown name fails here, with the list of known clouds
     if spec.mode == "single_cluster" and len(spec.clouds) > 1:
         raise PlacementError(f"job parameter clouds: single_cluster mode runs on one cloud, got {spec.clouds}")
+
+
+def _decide(fed: Federation, spec: JobSpec, family: str, data_bytes: int, data_at: set[str], sites: list[Site]) -> Admission:
+    """Where the run goes over ``sites`` as the tenant sees them; raises PlacementError or NotAdmitted."""
+    single = spec.mode == "single_cluster"
+    devices = spec.devices_per_cloud if single or spec.placement == "spread" else spec.devices
+    job = job_request(fed, spec, family, data_bytes, data_at, devices)
+    if single and not spec.clouds:
+        job = replace(job, clouds=frozenset({fed.local_cloud.name}))
+    if spec.placement == "spread" and not single:
+        return Admission(*_spread(job, sites, spec.devices_per_cloud, pinned=bool(spec.clouds)))
+    decision = place(job, sites, network(fed))
+    if not decision.placed and not _could_ever(job, sites):
+        raise PlacementError(f"no cloud can ever run this job for tenant {spec.tenant}: {decision.explain()}. {FIX}")
+    if not decision.starts_now:
+        raise NotAdmitted(f"waiting for devices: {decision.explain()}")
+    return Admission(decision.option.parts, decision.considered)
+
+
+def preflight(fed: Federation, spec: JobSpec, family: str, ledger: Ledger | None = None) -> None:
+    """Refuse a job no cloud could ever take before anything of it is written; having to wait is no refusal.
+
+    The same decision as ``admit``, over every pool as if no run held a device.
+    """
+    _check_request(fed, spec)
+    sites = [replace(s, free=s.total) for s in collect(fed, ledger, spec.tenant, electricity=False, clusters=False).sites(family)]
+    try:
+        _decide(fed, spec, family, 0, set(), sites)
+    except NotAdmitted:
+        pass
+
+
+def admit(fed: Federation, spec: JobSpec, run_id: str, family: str, data_bytes: int, data_at: set[str],
+          ledger: Ledger | None = None) -> Admission:
+    """Choose where the run trains and reserve its devices; see the module docstring for the two errors."""
+    ledger = ledger or Ledger()
+    _check_request(fed, spec)
     result: list[Admission] = []
 
     def decide(usage: Usage) -> list[tuple[str, str, int]]:
         # the tenant sees a pool's free devices within what its quota leaves it there
         left = {c: q - usage.tenant(spec.tenant, c) for c, q in fed.tenant(spec.tenant).quotas.items()}
         sites = [replace(s, free=max(min(s.free, left.get(s.cloud, 0)), 0))
-                 for s in collect(fed, ledger, spec.tenant, usage=usage, electricity=False).sites(family)]
-        single = spec.mode == "single_cluster"
-        devices = spec.devices_per_cloud if single or spec.placement == "spread" else spec.devices
-        job = job_request(fed, spec, family, data_bytes, data_at, devices)
-        if single and not spec.clouds:
-            job = replace(job, clouds=frozenset({fed.local_cloud.name}))
-        if spec.placement == "spread" and not single:
-            parts, considered = _spread(job, sites, spec.devices_per_cloud, pinned=bool(spec.clouds))
-        else:
-            decision = place(job, sites, network(fed))
-            if not decision.placed and not _could_ever(job, sites):
-                raise PlacementError(f"no cloud can ever run this job for tenant {spec.tenant}: {decision.explain()}")
-            if not decision.starts_now:
-                raise NotAdmitted(f"waiting for devices: {decision.explain()}")
-            parts, considered = decision.option.parts, decision.considered
-        result.append(Admission(parts, considered))
-        return [(p.cloud, p.accelerator, p.devices) for p in parts]
+                 for s in collect(fed, ledger, spec.tenant, usage=usage, electricity=False, clusters=False).sites(family)]
+        result.append(_decide(fed, spec, family, data_bytes, data_at, sites))
+        return [(p.cloud, p.accelerator, p.devices) for p in result[-1].parts]
 
     capacity = {(c.name, p.accelerator): p.count for c in fed.clouds for p in c.pools}
     held = ledger.admit(spec.tenant, run_id, decide, capacity, dict(fed.tenant(spec.tenant).quotas))
     if not result:  # a retried admission: the run already holds its devices
         parts = [Part(r.cloud, r.accelerator, r.devices) for r in held]
         return Admission(parts, [Considered(p.cloud, p.accelerator, True, "reserved by an earlier try") for p in parts])
-    return result[0]
+    return result[-1]

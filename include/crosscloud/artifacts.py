@@ -49,19 +49,22 @@ class Manifest:
     kind: str
     format: str
     chunks: list[Chunk]
+    residency: str | None = None  # jurisdiction raw data may not leave: no transfer copies it out (preheat.fetch)
 
     @property
     def ref(self) -> BlobRef:
         return BlobRef(sha256=self.sha256, size=self.size)
 
     def to_json(self) -> bytes:
+        residency = {"residency": self.residency} if self.residency else {}
         return json.dumps({"sha256": self.sha256, "size": self.size, "kind": self.kind, "format": self.format,
-                           "chunks": [[c.sha256, c.size, c.label] for c in self.chunks]}).encode()
+                           "chunks": [[c.sha256, c.size, c.label] for c in self.chunks], **residency}).encode()
 
     @classmethod
     def from_json(cls, data: bytes) -> Manifest:
         raw = json.loads(data)
-        return cls(raw["sha256"], raw["size"], raw["kind"], raw["format"], [Chunk(*c) for c in raw["chunks"]])
+        return cls(raw["sha256"], raw["size"], raw["kind"], raw["format"], [Chunk(*c) for c in raw["chunks"]],
+                   raw.get("residency"))
 
     def unique(self) -> dict[str, int]:
         """Each distinct chunk once, with its size."""
@@ -165,10 +168,11 @@ class PackWriter:
 
 
 def put_blob(store: ObjectStore, tenant: str, data: bytes, kind: str = "blob",
-             index: ChunkIndex | None = None) -> tuple[BlobRef, int]:
+             index: ChunkIndex | None = None, residency: str | None = None) -> tuple[BlobRef, int]:
     """Store ``data`` as an artifact; returns its ref and the chunk bytes this cloud did not hold yet.
 
-    Pass the cloud's ``index`` when storing several artifacts, so it is read once.
+    Pass the cloud's ``index`` when storing several artifacts, so it is read once;
+    ``residency`` labels raw data that may not leave that jurisdiction.
     """
     ref = BlobRef.of(data)
     if store.exists(manifest_key(tenant, ref.sha256)):
@@ -180,7 +184,7 @@ def put_blob(store: ObjectStore, tenant: str, data: bytes, kind: str = "blob",
     for (o, n, _), c in zip(spans, chunks):
         writer.add(c.sha256, view[o : o + n])
     writer.flush()
-    store.put(manifest_key(tenant, ref.sha256), Manifest(ref.sha256, ref.size, kind, fmt, chunks).to_json())
+    store.put(manifest_key(tenant, ref.sha256), Manifest(ref.sha256, ref.size, kind, fmt, chunks, residency).to_json())
     return ref, writer.written
 
 

@@ -15,6 +15,9 @@ import json
 from crosscloud.storage import ObjectNotFound, ObjectStore, StoreError
 
 COMMIT = "COMMIT.json"
+# reads of an object that does not match its commit, in all: bits flipped in transit come right on a
+# second read, damage at rest does not, and either way a mismatching object is never returned
+READS = 3
 
 
 class IntegrityError(StoreError):
@@ -69,12 +72,21 @@ def read_commit(store: ObjectStore, step: str) -> dict | None:
     return commit
 
 
-def read_object(store: ObjectStore, commit: dict, name: str) -> bytes:
-    """Read one committed object and verify its size and sha256."""
+def read_object(store: ObjectStore, commit: dict, name: str, reads: int = READS) -> bytes:
+    """Read one committed object and verify its size and sha256, reading it again (``reads`` in all) on a mismatch."""
     try:
         entry = commit["objects"][name]
     except KeyError:
         raise IntegrityError(f"cloud {store.cloud}: commit does not list {name!r}") from None
+    for attempt in range(reads):
+        try:
+            return _read_verified(store, entry)
+        except IntegrityError as exc:
+            if attempt == reads - 1:
+                raise IntegrityError(f"{exc} (read {reads} times)") from None
+
+
+def _read_verified(store: ObjectStore, entry: dict) -> bytes:
     if "artifact" in entry:  # read from the cloud's packs, every chunk verified on the way
         from crosscloud.artifacts import read_blob
         from crosscloud.plan import BlobRef

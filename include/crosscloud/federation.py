@@ -9,6 +9,7 @@ environment) that holds them.
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 from typing import Literal
 
@@ -42,6 +43,17 @@ class _Model(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
+class KubernetesPool(_Model):
+    """How a pool's devices are asked for on Kubernetes; unset fields take the accelerator type's defaults."""
+
+    resource: str | None = Field(default=None, description="extended resource name, e.g. nvidia.com/gpu")
+    devices_per_pod: int | None = Field(default=None, gt=0, description="devices of one pod (one node's share)")
+    node_selector: dict[str, str] = Field(default_factory=dict)
+    tolerations: list[dict[str, str | int]] = Field(default_factory=list)
+    cpu: str = "4"
+    memory: str = "16Gi"
+
+
 class AcceleratorPool(_Model):
     """A cloud's devices of one type."""
 
@@ -54,6 +66,7 @@ class AcceleratorPool(_Model):
     power_w: float = Field(gt=0, description="power draw of one device at full load, watts")
     price_per_device_hour: float = Field(ge=0)
     memory_gb: float = Field(default=16.0, gt=0)
+    kubernetes: KubernetesPool | None = None
 
     @field_validator("accelerator")
     @classmethod
@@ -84,12 +97,25 @@ class ObjectStoreSpec(_Model):
     region: str | None = None
     addressing_style: Literal["auto", "path", "virtual"] = "auto"
     connection_id: str | None = Field(default=None, description="Airflow Connection holding the credentials")
+    # how long a transient failure (unreachable, throttled, 5xx) is retried, with exponential backoff, before it is an error
+    retry_deadline_s: float = Field(default=120.0, gt=0)
+    retry_backoff_s: float = Field(default=0.2, gt=0, description="first wait between tries; doubles each time")
+    retry_backoff_max_s: float = Field(default=5.0, gt=0)
 
     @field_validator("url")
     @classmethod
     def _known_scheme(cls, value: str) -> str:
         if not (value.startswith("file://") or value.startswith("s3://")):
             raise ValueError(f"store url {value!r} must start with file:// or s3://")
+        return value
+
+    @field_validator("connection_id")
+    @classmethod
+    def _only_tenant_placeholder(cls, value: str | None) -> str | None:
+        try:
+            value is None or value.format(tenant="t")
+        except (KeyError, IndexError, ValueError):
+            raise ValueError(f"{value!r}: the only placeholder allowed is {{tenant}}") from None
         return value
 
 
@@ -100,6 +126,35 @@ class Access(_Model):
     connection_id: str | None = None
     namespace: str | None = None
     queue: str | None = None
+    # kubernetes: the queue's scheduler; kueue sets the queue-name label, volcano the schedulerName
+    scheduler: Literal["default", "kueue", "volcano"] = "default"
+    store_secret: str | None = Field(default=None, description="Kubernetes Secret with the store keys of each tenant")
+    # ssh: the prepared environment on the host (host, port and user may also come from the Connection)
+    host: str | None = None
+    port: int = Field(default=22, gt=0, lt=65536)
+    user: str | None = None
+    workdir: str | None = Field(default=None, description="folder on the host for sub-task files (ssh)")
+    python: str | None = Field(default=None, description="interpreter of the prepared environment on the host (ssh)")
+    env: dict[str, str] = Field(default_factory=dict, description="non-secret environment of the sub-task")
+
+    @field_validator("env")
+    @classmethod
+    def _variable_names(cls, value: dict[str, str]) -> dict[str, str]:
+        bad = [k for k in value if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", k)]
+        if bad:
+            raise ValueError(f"access.env: {bad} are not environment variable names (letters, digits, _)")
+        return value
+
+    @model_validator(mode="after")
+    def _method_settings(self) -> Access:
+        if self.method == "ssh":
+            missing = [f for f in ("workdir", "python") if not getattr(self, f)]
+            if missing:
+                raise ValueError(f"access.{missing[0]}: required for method ssh (workdir: a folder on the host for "
+                                 "sub-task files; python: the prepared environment's interpreter, e.g. /opt/crosscloud/.venv/bin/python)")
+            if not (self.host or self.connection_id):
+                raise ValueError("access.host: method ssh needs a host, or a connection_id naming an SSH Connection")
+        return self
 
 
 class Grid(_Model):
@@ -140,6 +195,13 @@ class Cloud(_Model):
     @classmethod
     def _safe_name(cls, value: str) -> str:
         return validate_name(value, "cloud name")
+
+    @model_validator(mode="after")
+    def _reachable_store(self) -> Cloud:
+        if self.access.method == "kubernetes" and not self.store.url.startswith("s3://"):
+            raise ValueError(f"clouds.{self.name}.store.url: a kubernetes cloud's pods cannot read {self.store.url}; "
+                             "give it an s3:// store")
+        return self
 
 
 class Link(_Model):
@@ -225,6 +287,14 @@ class Federation(_Model):
             for cloud in tenant.quotas:
                 if cloud not in known:
                     raise ValueError(f"tenants.{tenant.name}.quotas: unknown cloud {cloud!r}; known clouds: {sorted(known)}")
+        for cloud in self.clouds:
+            conn = cloud.store.connection_id
+            sharing = sorted(t.name for t in self.tenants if t.quotas.get(cloud.name, 0) > 0)
+            if conn and "{tenant}" not in conn and len(sharing) > 1:
+                raise ValueError(
+                    f"clouds.{cloud.name}.store.connection_id: {conn!r} would give tenants {sharing} the same "
+                    f"credentials; write it as '{conn}_{{tenant}}' so that each tenant has its own"
+                )
         for image in self.images:
             if image.accelerator not in ACCELERATOR_TYPES:
                 raise ValueError(f"images: unknown accelerator type {image.accelerator!r}")

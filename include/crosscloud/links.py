@@ -58,7 +58,7 @@ class LinkedStore(ObjectStore):
     """Another cloud's store reached over an emulated link."""
 
     def __init__(self, inner: ObjectStore, link: EmulatedLink):
-        self.inner, self.link, self.cloud = inner, link, inner.cloud
+        self.inner, self.link, self.cloud, self.jurisdiction = inner, link, inner.cloud, inner.jurisdiction
 
     def __repr__(self) -> str:
         return f"LinkedStore({self.inner!r})"

@@ -13,7 +13,7 @@ _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:+-]{0,127}$")
 
 def validate_name(value: str, what: str = "name") -> str:
     """Return ``value`` if it is safe as one path segment, else raise ValueError naming ``what``."""
-    if not isinstance(value, str) or not _NAME.match(value) or ".." in value:
+    if not isinstance(value, str) or not _NAME.fullmatch(value) or ".." in value:  # fullmatch: "$" lets "\n" through
         raise ValueError(
             f"{what} {value!r} is not allowed: use 1-128 letters, digits and _ . : + - "
             "starting with a letter or digit, without '..' or '/'"

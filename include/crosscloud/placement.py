@@ -41,6 +41,7 @@ class Site:
     queued_device_s: float = 0.0  # device-seconds of work already waiting for this pool
     frees: tuple[tuple[float, int], ...] = ()  # (seconds from now, devices released), ascending
     queued_devices: int = 0  # devices that the work waiting for this pool takes first, as they are released
+    memory_gb: float = math.inf  # memory of one device
 
     def wait_s(self, devices: int) -> float:
         """When ``devices`` of this pool can be held, counting the work queued ahead.
@@ -119,6 +120,7 @@ class JobRequest:
     splittable: bool = True
     max_parts: int = 4
     split_penalty: float = 0.0  # relative iteration-time penalty of a split job (from bench-gap)
+    memory_gb: float = 0.0  # the least memory one device needs to train the job
 
     def runtime_on(self, site: Site) -> float | None:
         base = self.runtime_s.get(site.accelerator, self.runtime_s.get(ANY_ACCELERATOR))
@@ -199,6 +201,8 @@ def refusal(job: JobRequest, site: Site) -> str:
         return f"no adapted image for family {job.family!r} on {site.accelerator}"
     if job.runtime_on(site) is None:
         return f"no measured throughput for this job on {site.accelerator}"
+    if job.memory_gb > site.memory_gb:
+        return f"the model needs at least {job.memory_gb:.2f} GB per device to train, a {site.accelerator} here has {site.memory_gb:g} GB"
     if job.quota is not None and job.quota.get(site.cloud, 0) <= 0:
         return f"tenant {job.tenant} has no quota left here"
     return ""

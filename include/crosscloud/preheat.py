@@ -23,6 +23,10 @@ from crosscloud.plan import BlobRef
 from crosscloud.storage import ObjectNotFound, ObjectStore, StoreError
 
 
+class ResidencyError(StoreError):
+    """A transfer that would copy resident data out of its jurisdiction: refused before any byte moves."""
+
+
 @dataclass
 class TransferReport:
     """What preheating sent and what it found already there, per target cloud, and from where."""
@@ -104,6 +108,11 @@ def fetch(dst: ObjectStore, sources: list[ObjectStore], tenant: str, ref: BlobRe
         return 0
     others = [s for s in sources if s.cloud != dst.cloud]
     manifest = _manifest_from(others, tenant, ref)
+    if manifest.residency and dst.jurisdiction != manifest.residency:  # the plan was checked too; this is the last line
+        raise ResidencyError(
+            f"artifact {ref.sha256[:12]} ({manifest.kind}) is resident in {manifest.residency}; cloud {dst.cloud} is in "
+            f"{dst.jurisdiction or 'an undeclared jurisdiction'}: not copied. Plan the run on clouds in {manifest.residency}"
+        )
     needed = index.missing(manifest.unique())
     source_indexes = source_indexes if source_indexes is not None else {}
     for src in others:
@@ -159,5 +168,5 @@ def fetch_all(dst: ObjectStore, sources: list[ObjectStore], tenant: str, refs: l
     for ref in refs:
         try:
             fetch(dst, sources, tenant, ref, report, rate, index=index, source_indexes=source_indexes)
-        except StoreError as exc:
-            raise StoreError(f"preheat of {ref.sha256[:12]} to {dst.cloud}: {exc}") from exc
+        except StoreError as exc:  # the same kind of error, saying which artifact and cloud
+            raise type(exc)(f"preheat of {ref.sha256[:12]} to {dst.cloud}: {exc}") from exc

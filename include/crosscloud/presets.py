@@ -17,6 +17,23 @@ class ModelConfig:
     def to_dict(self) -> dict:
         return asdict(self)
 
+    def parameters(self) -> int:
+        """Parameters of ``model.ByteLM`` built from this config, without importing torch."""
+        d = self.d_model
+        block = 12 * d * d + 13 * d  # attention 4d^2 + 4d, MLP 8d^2 + 5d, two LayerNorms 4d
+        return self.n_layers * block + 2 * self.vocab * d + self.seq_len * d + 2 * d
+
+    def min_train_memory_gb(self) -> float:
+        """Memory one device needs to train this model at all, so placement can refuse a pool that is too small.
+
+        A lower bound: fp32 weights, gradients and AdamW's two moments (16 bytes
+        a parameter) and the activations of a single sequence (per layer and
+        token about 16 d floats and two attention rows per head, and the logits).
+        """
+        s, d = self.seq_len, self.d_model
+        activations = 4 * (self.n_layers * s * (16 * d + 2 * self.n_heads * s) + 2 * s * self.vocab)
+        return (16 * self.parameters() + activations) / 1e9
+
 
 PRESETS = {
     "tiny": ModelConfig(d_model=64, n_layers=2, n_heads=4, seq_len=64),

@@ -21,9 +21,23 @@ T = TypeVar("T")
 
 PERMANENT = {
     "AccessDenied", "NoSuchBucket", "InvalidAccessKeyId", "SignatureDoesNotMatch", "InvalidBucketName",
-    "AllAccessDisabled", "AccountProblem", "InvalidArgument", "MethodNotAllowed",
+    "AllAccessDisabled", "AccountProblem", "InvalidArgument", "MethodNotAllowed", "403", "Forbidden",
+    "EntityTooLarge", "QuotaExceeded", "XMinioStorageFull",  # out of space: say so now, not after the deadline
 }
 NOT_FOUND = {"NoSuchKey", "404", "NotFound"}
+
+
+class _KeepOpen:
+    """The caller's stream as s3transfer sees it: a failed upload closes it, and a closed one cannot be sent again."""
+
+    def __init__(self, stream: BinaryIO):
+        self._stream = stream
+
+    def __getattr__(self, name: str):
+        return getattr(self._stream, name)
+
+    def close(self) -> None:
+        pass
 
 
 class S3Store(ObjectStore):
@@ -37,13 +51,15 @@ class S3Store(ObjectStore):
         addressing_style: str = "auto",
         credentials: dict[str, str] | None = None,
         retry_deadline_s: float = 120.0,
+        retry_backoff_s: float = 0.2,
+        retry_backoff_max_s: float = 5.0,
     ):
         import boto3
         from boto3.s3.transfer import TransferConfig
         from botocore.config import Config
 
         self.cloud, self.bucket, self.prefix = cloud, bucket, prefix.strip("/")
-        self.retry_deadline_s = retry_deadline_s
+        self.retry_deadline_s, self.retry_backoff_s, self.retry_backoff_max_s = retry_deadline_s, retry_backoff_s, retry_backoff_max_s
         config = Config(
             region_name=region or "us-east-1",
             s3={"addressing_style": addressing_style},
@@ -73,9 +89,9 @@ class S3Store(ObjectStore):
 
     def _call(self, what: str, key: str, fn: Callable[[], T]) -> T:
         """Run ``fn``, retrying transient failures with exponential backoff until the deadline."""
-        from botocore.exceptions import BotoCoreError, ClientError
+        from botocore.exceptions import BotoCoreError, ClientError, NoCredentialsError
 
-        deadline, delay = time.monotonic() + self.retry_deadline_s, 0.2
+        deadline, delay = time.monotonic() + self.retry_deadline_s, self.retry_backoff_s
         while True:
             try:
                 return fn()
@@ -86,19 +102,21 @@ class S3Store(ObjectStore):
                 if code in PERMANENT:
                     raise StoreError(f"{self._where(key)}: {what} refused: {code} ({exc})") from None
                 error = exc
+            except NoCredentialsError:
+                raise StoreError(f"{self._where(key)}: {what} impossible: no credentials for this store") from None
             except (BotoCoreError, ConnectionError, OSError) as exc:
                 error = exc
             if time.monotonic() + delay > deadline:
                 raise StoreError(f"{self._where(key)}: {what} still failing after {self.retry_deadline_s:.0f} s: {error}")
             time.sleep(delay)
-            delay = min(delay * 2, 5.0)
+            delay = min(delay * 2, self.retry_backoff_max_s)
 
     # -- the ObjectStore operations ---------------------------------------------------
     def put(self, key: str, data: bytes) -> None:
         self.put_stream(key, io.BytesIO(data))
 
     def put_stream(self, key: str, stream: BinaryIO) -> None:
-        upload = lambda: self.client.upload_fileobj(stream, self.bucket, self._key(key), Config=self.transfer)  # noqa: E731
+        upload = lambda: self.client.upload_fileobj(_KeepOpen(stream), self.bucket, self._key(key), Config=self.transfer)  # noqa: E731
         if not stream.seekable():  # cannot be sent again from here: the caller retries from its source
             try:
                 return upload()

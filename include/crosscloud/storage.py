@@ -33,6 +33,7 @@ class ObjectStore:
     """The few operations the exchange protocol needs from any object store."""
 
     cloud: str
+    jurisdiction: str | None = None  # the cloud's, set by open_store: where resident data may be copied to
 
     def put(self, key: str, data: bytes) -> None:
         raise NotImplementedError
@@ -88,8 +89,12 @@ class LocalStore(ObjectStore):
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
             fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-")
-            with os.fdopen(fd, "wb") as fh:
-                shutil.copyfileobj(stream, fh, CHUNK)
+            try:
+                with os.fdopen(fd, "wb") as fh:
+                    shutil.copyfileobj(stream, fh, CHUNK)
+            except BaseException:  # a full disk leaves no half-written temporary behind
+                os.unlink(tmp)
+                raise
         except OSError as exc:
             raise StoreError(f"cloud {self.cloud}: cannot write {key!r} under {self.root}: {exc}") from exc
         return path, tmp
@@ -165,13 +170,16 @@ class TenantStore(ObjectStore):
     """A store seen through one tenant's eyes: every key must lie under ``<tenant>/``."""
 
     def __init__(self, inner: ObjectStore, tenant: str):
-        self.inner, self.tenant, self.cloud = inner, tenant, inner.cloud
+        self.inner, self.tenant, self.cloud, self.jurisdiction = inner, tenant, inner.cloud, inner.jurisdiction
 
     def __repr__(self) -> str:
         return f"TenantStore({self.tenant!r}, {self.inner!r})"
 
     def _check(self, key: str) -> str:
-        if not key.startswith(f"{self.tenant}/") or ".." in key.split("/"):
+        parts = key.split("/")
+        # no "..", "." or empty segment (which a file store would collapse), no control characters
+        if (parts[0] != self.tenant or len(parts) < 2 or any(p in ("", ".", "..") for p in parts[1:])
+                or any(ord(ch) < 32 or ch in "\\\x7f" for ch in key)):
             raise StoreError(f"cloud {self.cloud}: tenant {self.tenant} may not touch {key!r}")
         return key
 
@@ -221,7 +229,10 @@ def open_store(cloud: Cloud, tenant: str | None = None) -> ObjectStore:
         store = S3Store(
             cloud.name, bucket, prefix, endpoint_url=cloud.store.endpoint_url, region=cloud.store.region,
             addressing_style=cloud.store.addressing_style, credentials=store_credentials(cloud, tenant),
+            retry_deadline_s=cloud.store.retry_deadline_s, retry_backoff_s=cloud.store.retry_backoff_s,
+            retry_backoff_max_s=cloud.store.retry_backoff_max_s,
         )
     else:
         raise StoreError(f"cloud {cloud.name}: store scheme of {url!r} is not supported (file:// or s3://)")
+    store.jurisdiction = cloud.jurisdiction
     return TenantStore(store, tenant) if tenant else store

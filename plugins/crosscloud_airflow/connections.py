@@ -15,8 +15,12 @@ def connection_credentials(cloud, tenant: str | None) -> dict[str, str] | None:
     if not conn_id:
         return None
     from airflow.sdk import BaseHook
+    from airflow.sdk.exceptions import AirflowNotFoundException
 
-    conn = BaseHook.get_connection(conn_id.format(tenant=tenant or ""))
+    try:
+        conn = BaseHook.get_connection(conn_id.format(tenant=tenant or ""))
+    except AirflowNotFoundException:  # the engine says which Connection or variables to create
+        return None
     found = {"aws_access_key_id": conn.login, "aws_secret_access_key": conn.password}
     token = (conn.extra_dejson or {}).get("aws_session_token")
     if token:
@@ -24,8 +28,34 @@ def connection_credentials(cloud, tenant: str | None) -> dict[str, str] | None:
     return {k: v for k, v in found.items() if v}
 
 
+def ssh_client(cloud: str, access: dict):
+    """A connected paramiko client for an ssh cloud: its SSH Connection through the SSH provider's hook.
+
+    The Connection holds host, port, login and the key (``key_file`` or
+    ``private_key`` in extra) and should pin the host's key (``host_key`` extra).
+    Without ``access.connection_id`` the engine's own target (host, user, key file) is used.
+    """
+    from crosscloud.backends.ssh import SSHTarget
+
+    if not access.get("connection_id"):
+        return SSHTarget.from_access(cloud, access).connect()
+    from airflow.providers.ssh.hooks.ssh import SSHHook
+
+    return SSHHook(ssh_conn_id=access["connection_id"], remote_host=access.get("host") or "").get_conn()
+
+
+def kubernetes_client(access: dict):
+    """The ``ApiClient`` of a kubernetes cloud: its Connection (kubeconfig or in-cluster) through KubernetesHook."""
+    from airflow.providers.cncf.kubernetes.hooks.kubernetes import KubernetesHook
+
+    return KubernetesHook(conn_id=access.get("connection_id")).get_conn()
+
+
 def use_airflow_connections() -> None:
-    """Make the engine take store credentials from Airflow Connections in this process."""
+    """Make the engine take store credentials and the clients of ssh and kubernetes clouds from Airflow Connections."""
     from crosscloud import credentials
+    from crosscloud.backends import kubernetes, ssh
 
     credentials.set_provider(connection_credentials)
+    ssh.set_connector(ssh_client)
+    kubernetes.set_client_factory(kubernetes_client)

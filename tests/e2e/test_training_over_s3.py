@@ -46,7 +46,7 @@ def s3_federation(s3_servers, tmp_path_factory):
             os.environ[k] = v
 
 
-def test_training_run_over_three_s3_servers(s3_federation, dagbag, state_dir, capfd):
+def test_training_run_over_three_s3_servers(s3_federation, s3_servers, dagbag, state_dir, capfd):
     dag = dagbag.get_dag("cross_cloud_training")
     run = dag.test(run_conf={"rounds": 2, "inner_steps": 8, "model_size": "tiny", "global_batch": 12, "seed": 3})
     assert run.state == "success"
@@ -64,6 +64,17 @@ def test_training_run_over_three_s3_servers(s3_federation, dagbag, state_dir, ca
     assert not (state_dir / "clouds" / "beijing" / "team-a" / "runs" / run.run_id).exists()
     # the secret never shows: not in the plan, the task logs, the sub-tasks' handles
     assert SECRET not in home.get(keys.plan).decode()
-    assert SECRET not in capfd.readouterr().out
+    captured = capfd.readouterr()
+    assert SECRET not in captured.out and SECRET not in captured.err
     for handle in (state_dir / "subtasks" / "team-a" / run.run_id).glob("*/handle.json"):
         assert SECRET not in handle.read_text()
+    # nor anywhere else: no file of the state folder (Airflow's DB and task logs, MLflow's DB with every
+    # param and tag, its artifacts with the sub-tasks' logs, the sub-tasks' folders) and no stored object
+    assert (state_dir / "mlflow.db").is_file() and any((state_dir / "mlartifacts").rglob("*.log"))
+    leaks = [str(p) for p in state_dir.rglob("*") if p.is_file() and SECRET.encode() in p.read_bytes()]
+    for server in s3_servers.values():
+        s3 = server.client()
+        for page in s3.get_paginator("list_objects_v2").paginate(Bucket="crosscloud"):
+            leaks += [f"s3://{server.name}/{o['Key']}" for o in page.get("Contents", [])
+                      if SECRET.encode() in s3.get_object(Bucket="crosscloud", Key=o["Key"])["Body"].read()]
+    assert leaks == []

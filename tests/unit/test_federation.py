@@ -82,3 +82,23 @@ def test_missing_file_and_bad_yaml(tmp_path):
 def test_unknown_cloud_lookup_lists_known_ones():
     with pytest.raises(FederationError, match="unknown cloud 'x'.*beijing"):
         load_federation().cloud("x")
+
+
+def test_store_credentials_shared_by_tenants_are_refused(raw):
+    raw["clouds"][1]["store"] = {"url": "s3://crosscloud/x", "connection_id": "s3_shanghai"}
+    msg = _error(raw)
+    assert "clouds.1.store.connection_id" not in msg  # a whole-federation check: it names the cloud
+    assert "clouds.shanghai.store.connection_id: 's3_shanghai' would give tenants ['team-a', 'team-b']" in msg
+    assert "'s3_shanghai_{tenant}'" in msg
+    raw["clouds"][1]["store"]["connection_id"] = "s3_shanghai_{tenant}"
+    parse_federation(raw)
+
+
+def test_store_connection_id_takes_only_the_tenant_placeholder(raw):
+    raw["clouds"][1]["store"] = {"url": "s3://crosscloud/x", "connection_id": "s3_{tenat}"}
+    assert "clouds.1.store.connection_id: 's3_{tenat}': the only placeholder allowed is {tenant}" in _error(raw)
+
+
+def test_store_retry_budget_must_be_positive(raw):
+    raw["clouds"][1]["store"]["retry_deadline_s"] = 0
+    assert "clouds.1.store.retry_deadline_s" in _error(raw)
