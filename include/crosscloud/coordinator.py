@@ -7,6 +7,13 @@ Nesterov step and publishes the new global checkpoint to every cloud's store
 A restarted coordinator resumes after the last round committed there, so no
 round is applied twice, and first re-publishes that round to any cloud a crash
 left without it.
+
+Faults do not stop a run while one cloud still trains: a cloud whose sub-task
+ended, or that has not committed a round long after the others (``PATIENCE`` x
+the measured round time), is lost for the rest of the run; a refused
+contribution (``screening``) is dropped from its round only. Either way the
+round is averaged over the others by their samples, a lost or draining cloud's
+share of the global batch goes to the others, and the record says so.
 """
 
 from __future__ import annotations
@@ -19,7 +26,7 @@ import torch
 
 from crosscloud.backends import Backend, Handle, get_backend
 from crosscloud.commit import IntegrityError, read_commit, read_object, write_step
-from crosscloud.compression import decode
+from crosscloud.ledger import Ledger
 from crosscloud.model import build_model, evaluate
 from crosscloud.outer import SYNCHRONOUS, OuterConfig, outer_step, weighted_mean
 from crosscloud.demand_response import read_directives
@@ -27,10 +34,14 @@ from crosscloud.partition import apportion, rebalance_shares
 from crosscloud.plan import Plan
 from crosscloud.artifacts import read_blob
 from crosscloud.presets import ModelConfig
-from crosscloud.storage import ObjectStore
+from crosscloud.screening import screen
+from crosscloud.storage import ObjectStore, StoreError
 from crosscloud.tensors import from_bytes, to_bytes
 
 POLL_S = 0.05
+# a cloud is lost when it has not committed a round PATIENCE x the slowest of the last rounds after the
+# round began while others have (never sooner than PATIENCE_FLOOR_S: a loaded machine's noise is not a loss)
+PATIENCE, PATIENCE_FLOOR_S = 4.0, 5.0
 
 
 class SubTaskLost(RuntimeError):
@@ -61,42 +72,35 @@ def load_global(store: ObjectStore, plan: Plan, round_: int) -> tuple[dict, dict
     return params, momentum, commit["meta"]
 
 
-def publish_global(stores: dict[str, ObjectStore], home: str, plan: Plan, round_: int, objects: dict, meta: dict) -> None:
-    """Write a global checkpoint to every cloud's store, the coordinator's own first.
+def publish_global(stores: dict[str, ObjectStore], home: str, plan: Plan, round_: int, objects: dict, meta: dict) -> dict[str, str]:
+    """Write a global checkpoint to every cloud's store, the coordinator's own first; returns the clouds it could not reach.
 
     Own first: the worker in the coordinator's cloud folds the global in without
     waiting for the WAN copies, and a crash in between leaves a round that the
     restarted coordinator completes (``run`` re-publishes it where it is missing).
     Only the coordinator's store keeps the outer optimizer state: no other cloud
-    needs it, so it never crosses a link.
+    needs it, so it never crosses a link. A collaboration store still failing
+    past its retry deadline loses that cloud, not the run; the own store's
+    failure stops the run (nothing is committed without it).
     """
+    unreachable = {}
     for name in sorted(stores, key=lambda n: n != home):
         shared = objects if name == home else {k: v for k, v in objects.items() if k != "outer_state.safetensors"}
-        write_step(stores[name], plan.keys.global_step(round_), shared, meta=meta)
-
-
-def read_delta(store: ObjectStore, cloud: str, commit: dict, params: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """A cloud's verified pseudo-gradient, decompressed; anything malformed is refused."""
-    if "delta.int8.safetensors" in commit["objects"]:
         try:
-            delta = decode(from_bytes(read_object(store, commit, "delta.int8.safetensors")), params)
-        except ValueError as exc:
-            raise IntegrityError(f"cloud {cloud}: {exc}") from None
-    else:
-        delta = from_bytes(read_object(store, commit, "delta.safetensors"))
-    check_delta(cloud, delta, params)
-    return delta
+            write_step(stores[name], plan.keys.global_step(round_), shared, meta=meta)
+        except StoreError as exc:
+            if name == home or isinstance(exc, IntegrityError):
+                raise
+            unreachable[name] = f"global round {round_} could not be published to its store: {exc}"
+    return unreachable
 
 
-def check_delta(cloud: str, delta: dict[str, torch.Tensor], params: dict[str, torch.Tensor]) -> None:
-    """A contribution must match the model exactly and be finite; anything else is refused."""
-    if set(delta) != set(params):
-        raise IntegrityError(f"cloud {cloud}: pseudo-gradient tensors {sorted(set(delta) ^ set(params))} do not match the model")
-    for name, t in delta.items():
-        if t.shape != params[name].shape or t.dtype != params[name].dtype:
-            raise IntegrityError(f"cloud {cloud}: {name} is {tuple(t.shape)}/{t.dtype}, expected {tuple(params[name].shape)}/{params[name].dtype}")
-        if not torch.isfinite(t).all():
-            raise IntegrityError(f"cloud {cloud}: {name} holds NaN or Inf")
+def patience_s(history: list[dict], round_timeout_s: float) -> float:
+    """How long a cloud may stay behind the others in a round before it counts as lost, from measured rounds."""
+    walls = [r["wall_s"] for r in history[-3:]]
+    if not walls:  # nothing measured yet: only the job's own limit
+        return round_timeout_s
+    return min(round_timeout_s, max(PATIENCE_FLOOR_S, PATIENCE * max(walls)))
 
 
 class Coordinator:
@@ -116,6 +120,7 @@ class Coordinator:
         self.log_offsets = {c: 0 for c in self.handles}
         self.log = log
         self.on_round = on_round or (lambda record: None)
+        self.ledger = Ledger()  # where a cloud is set to draining while the run trains
 
     def relay_logs(self) -> None:
         """Copy new sub-task output into the coordinator's log, so it reaches the task log."""
@@ -124,33 +129,63 @@ class Coordinator:
             for line in text.splitlines():
                 self.log(f"[{cloud}] {line}")
 
-    def _check_alive(self, cloud: str) -> None:
+    def _ended(self, cloud: str) -> str | None:
+        """Why the cloud's sub-task can no longer commit (it ended), or None while it runs or is not ours to watch."""
         handle = self.handles.get(cloud)
         if handle is None:
-            return
+            return None
         state = self.backends[cloud].state(handle)
-        if state != "running":
-            self.relay_logs()
-            raise SubTaskLost(f"cloud {cloud}: sub-task is {state} before committing its round (see its log above)")
+        if state == "running":
+            return None
+        self.relay_logs()
+        return f"sub-task is {state} before committing its round (see its log above)"
 
-    def wait_for_deltas(self, round_: int) -> dict[str, dict]:
-        """Commits of every planned cloud for ``round_``."""
-        keys, pending, commits = self.plan.keys, {c.name for c in self.plan.clouds}, {}
-        deadline = time.monotonic() + self.plan.spec.round_timeout_s
+    def lose(self, cloud: str, round_: int, why: str) -> None:
+        """Stop a lost cloud's sub-task (a late commit would no longer be read) and say so."""
+        self.log(f"round {round_}: cloud {cloud} lost: {why}; the round goes on with the other clouds")
+        if cloud in self.handles:
+            self.backends[cloud].stop(self.handles[cloud])
+
+    def wait_for_deltas(self, round_: int, clouds: list[str], patience: float) -> tuple[dict[str, dict], dict[str, str]]:
+        """Commits of ``clouds`` for ``round_``, and the clouds lost on the way with why.
+
+        A cloud is lost when its sub-task ends, or when others have committed and
+        it has not within ``patience`` seconds; with no commit at all the round
+        fails after the job's ``round_timeout_s``. A store that fails past its
+        retry deadline is a slow cloud, not a crash.
+        """
+        keys, pending, commits, lost, failing = self.plan.keys, set(clouds), {}, {}, set()
+        timeout, started = self.plan.spec.round_timeout_s, time.monotonic()
         while pending:
             for cloud in sorted(pending):
-                commit = read_commit(self.stores[cloud], keys.cloud_step(cloud, round_))
+                try:
+                    commit = read_commit(self.stores[cloud], keys.cloud_step(cloud, round_))
+                except StoreError as exc:
+                    if cloud not in failing:  # said once; the poll goes on
+                        self.log(f"round {round_}: cloud {cloud}: {exc}; polling on")
+                    failing.add(cloud)
+                    commit = None
                 if commit is not None:
                     commits[cloud] = commit
-                    pending.discard(cloud)
+                elif (why := self._ended(cloud)) is not None:
+                    lost[cloud] = why
+                else:
                     continue
-                self._check_alive(cloud)
+                pending.discard(cloud)
+            waited = time.monotonic() - started
+            if pending and commits and waited > patience:
+                lost.update({c: f"no pseudo-gradient for round {round_} {waited:.1f} s after the round began, "
+                                f"while {sorted(commits)} committed (patience {patience:.1f} s from measured rounds)"
+                             for c in pending})
+                pending.clear()
+            if not commits and not pending:
+                raise SubTaskLost(f"round {round_}: every cloud is lost: {lost}")
             if pending:
-                if time.monotonic() > deadline:
-                    raise SubTaskLost(f"round {round_}: no pseudo-gradient from {sorted(pending)} within {self.plan.spec.round_timeout_s:.0f} s")
+                if waited > timeout:
+                    raise SubTaskLost(f"round {round_}: no pseudo-gradient from {sorted(pending)} within {timeout:.0f} s")
                 self.relay_logs()
                 time.sleep(POLL_S)
-        return commits
+        return commits, lost
 
     def shares_of_round(self, round_: int, home: ObjectStore) -> dict[str, int]:
         """The shares of the global batch the clouds trained with in ``round_``.
@@ -165,24 +200,31 @@ class Coordinator:
         commit = read_commit(home, self.plan.keys.global_step(source))
         return (commit or {}).get("meta", {}).get("next_shares") or planned
 
-    def next_round(self, shares: dict[str, int], clouds: dict[str, dict], home: ObjectStore) -> dict:
-        """Shares and power caps for the next round: measured speeds (``adapt_shares``) and grid directives.
+    def draining(self) -> set[str]:
+        """The run's clouds set to draining in the ledger (``crosscloud cloud drain``): they leave the run."""
+        members = self.ledger.memberships()
+        return {c.name for c in self.plan.clouds if members.get(c.name) and members[c.name].state == "draining"}
 
-        A cloud told to shift trains nothing (share 0: its devices idle) and its
-        share goes to the run's other clouds by throughput; a throttled cloud
-        runs under the cap, at the throughput the DVFS curve keeps. With no
-        directive left, a cloud gets its planned share back.
+    def next_round(self, shares: dict[str, int], clouds: dict[str, dict], home: ObjectStore,
+                   lost: frozenset[str] = frozenset()) -> dict:
+        """Shares and power caps for the next round: measured speeds (``adapt_shares``), grid directives, departures.
+
+        A cloud told to shift, draining or lost trains nothing (share 0: its
+        devices idle) and its share goes to the run's other clouds by
+        throughput; a throttled cloud runs under the cap, at the throughput the
+        DVFS curve keeps. With no directive left, a cloud gets its planned share back.
         """
         spec, planned = self.plan.spec, {c.name: c.share for c in self.plan.clouds}
         directives = read_directives(home, self.plan.keys.root)
-        shifted = {c for c, d in directives.items() if d["kind"] == "shift" and c in planned}
-        if shifted and len(shifted) == len(planned):  # work cannot leave every cloud: the run keeps training
-            self.log(f"grid directives would shift the work away from every cloud of the run; ignoring {sorted(shifted)}")
-            shifted = set()
-        if shifted:
-            keep = [c.name for c in self.plan.clouds if c.name not in shifted]
+        away = {c for c, d in directives.items() if d["kind"] == "shift" and c in planned} | self.draining()
+        if away and not set(planned) - away - lost:  # work cannot leave every cloud: the run keeps training
+            self.log(f"grid directives and draining would move the work away from every cloud of the run; ignoring {sorted(away)}")
+            away = set()
+        away |= lost
+        if away:
+            keep = [c.name for c in self.plan.clouds if c.name not in away]
             nxt = {**dict(zip(keep, apportion(spec.global_batch, [self.plan.cloud(c).throughput for c in keep]))),
-                   **{c: 0 for c in shifted}}
+                   **{c: 0 for c in away}}
         elif spec.adapt_shares and all(n > 0 for n in shares.values()):
             nxt = rebalance_shares(shares, {c: clouds[c]["mean_step_s"] for c in shares}, spec.global_batch)
         else:
@@ -201,19 +243,31 @@ class Coordinator:
         if start > 0:
             self.log(f"resuming run {plan.run_id} after committed round {start - 1}")
         params, momentum, meta = load_global(home, plan, start)
-        missing = {c: s for c, s in self.stores.items() if read_commit(s, plan.keys.global_step(start)) is None}
-        if missing:  # re-publish a round a crash left half-published
-            publish_global(missing, self.home, plan, start, _global_objects(params, momentum), meta)
-        published_at = meta["published_at"]
         model = build_model(ModelConfig(**plan.model), spec.seed)
         held_out = torch.frombuffer(bytearray(read_blob(home, plan.tenant, plan.held_out)), dtype=torch.uint8)
-        history = load_history(home, plan)[:start]
+        history = recover_history(home, plan, start, model, held_out)
+        lost = {c: why for record in history for c, why in record.get("lost", {}).items()}
+        missing = {c: s for c, s in self.stores.items() if c not in lost and read_commit(s, plan.keys.global_step(start)) is None}
+        if missing:  # re-publish a round a crash left half-published
+            unreachable = publish_global(missing, self.home, plan, start, _global_objects(params, momentum), meta)
+            for cloud, why in unreachable.items():
+                self.lose(cloud, start, why)
+            lost.update(unreachable)
+        published_at = meta["published_at"]
         for r in range(start, spec.rounds):
-            commits = self.wait_for_deltas(r)
+            active = [c.name for c in plan.clouds if c.name not in lost]
+            commits, gone = self.wait_for_deltas(r, active, patience_s(history, spec.round_timeout_s))
+            for cloud, why in gone.items():
+                self.lose(cloud, r, why)
             t_sync = time.perf_counter()
-            deltas = {cloud: read_delta(self.stores[cloud], cloud, commit, params) for cloud, commit in commits.items()}
             shares = self.shares_of_round(r, home)
+            deltas, refused = screen(self.stores, commits, params, shares)
+            for cloud, why in refused.items():
+                self.log(f"round {r}: refused the contribution of cloud {cloud}: {why}; the round goes on without it")
+            if not deltas:
+                raise IntegrityError(f"round {r}: every contribution was refused: {refused}")
             params, momentum = outer_step(params, weighted_mean(deltas, {c: float(n) for c, n in shares.items()}), momentum, cfg)
+            lost.update(gone)
             now = time.time()
             record = {
                 "round": r,
@@ -221,9 +275,15 @@ class Coordinator:
                 "published_at": now,
                 "shares": shares,
                 "clouds": {c: _cloud_record(commits[c]["meta"]) for c in sorted(commits)},
+                "lost": gone,  # clouds lost in this round, for the rest of the run
+                "refused": refused,  # clouds whose contribution this round was refused
             }
-            record.update(self.next_round(shares, record["clouds"], home))
-            publish_global(self.stores, self.home, plan, r + 1, _global_objects(params, momentum), meta=record)
+            record.update(self.next_round(shares, record["clouds"], home, frozenset(lost)))
+            unreachable = publish_global(self.stores, self.home, plan, r + 1, _global_objects(params, momentum), meta=record)
+            for cloud, why in unreachable.items():
+                self.lose(cloud, r, why)
+            record["lost"] = {**gone, **unreachable}
+            lost.update(unreachable)
             record["sync_s"] = time.perf_counter() - t_sync
             published_at = now
             model.load_state_dict(params)
@@ -261,3 +321,18 @@ def _cloud_record(meta: dict) -> dict:
 def load_history(store: ObjectStore, plan: Plan) -> list[dict]:
     key = f"{plan.keys.root}/history.json"
     return json.loads(store.get(key)) if store.exists(key) else []
+
+
+def recover_history(home: ObjectStore, plan: Plan, start: int, model: torch.nn.Module, held_out: torch.Tensor) -> list[dict]:
+    """The records of rounds before ``start``, each exactly once.
+
+    history.json is written after a round's global is committed, so a crash in
+    between leaves the last record out of it; the record is in that global's
+    commit (its meta), and its eval loss is measured again from its params.
+    """
+    history = load_history(home, plan)[:start]
+    for r in range(len(history), start):
+        params, _, record = load_global(home, plan, r + 1)
+        model.load_state_dict(params)
+        history.append({**record, "sync_s": 0.0, "eval_loss": evaluate(model, held_out)})
+    return history

@@ -30,7 +30,7 @@ from crosscloud.partition import apportion
 from crosscloud.plan import Plan
 from crosscloud.artifacts import read_blob
 from crosscloud.presets import ModelConfig
-from crosscloud.storage import ObjectStore, open_store
+from crosscloud.storage import ObjectStore, StoreError, open_store
 from crosscloud.tensors import from_bytes, to_bytes
 
 POLL_S = 0.05
@@ -44,11 +44,14 @@ def wait_for_commit(store: ObjectStore, step: str, stop_key: str, timeout_s: flo
     """Poll until ``step`` is committed; give up when the run is stopped or stalls."""
     deadline = time.monotonic() + timeout_s
     while True:
-        commit = read_commit(store, step)
-        if commit is not None:
-            return commit
-        if store.exists(stop_key):
-            raise Stopped(f"run stopped while waiting for {step}")
+        try:
+            commit = read_commit(store, step)
+            if commit is not None:
+                return commit
+            if store.exists(stop_key):
+                raise Stopped(f"run stopped while waiting for {step}")
+        except StoreError as exc:  # a store failing past its retry deadline: the global may still come, ask again
+            print(f"polling {step} again: {exc}", file=sys.stderr, flush=True)
         if time.monotonic() > deadline:
             raise Stopped(f"no commit of {step} within {timeout_s:.0f} s; the coordinator is gone or stalled")
         time.sleep(POLL_S)
@@ -143,7 +146,10 @@ def train(plan: Plan, cloud: str, store: ObjectStore) -> None:
 
     def arrived() -> dict | None:
         """The next global if it is committed already (rank 0 looks; every rank learns the answer)."""
-        commit = read_commit(store, keys.global_step(known.round + 1)) if rank == 0 else None
+        try:
+            commit = read_commit(store, keys.global_step(known.round + 1)) if rank == 0 else None
+        except StoreError:  # not arrived, as far as this step can tell: asked again at the next step
+            commit = None
         if world > 1:
             flag = torch.tensor([commit is not None], dtype=torch.int32)
             dist.broadcast(flag, 0)
