@@ -16,9 +16,12 @@ One training job split over several sovereign clouds that train together.
    the run's `plan.json` and to MLflow.
 2. **preheat** copies the initial checkpoint and each cloud's shards into that
    cloud's store, content-addressed: bytes already there are never sent again.
-3. **dispatch_local** (one mapped task per cloud) starts each sub-task and
-   returns at once; sub-tasks train H inner steps per round and commit their
-   pseudo-gradients to their own store.
+3. **dispatch_local**, **dispatch_kubernetes**, **dispatch_ssh** (one mapped
+   task per cloud of that access method; skipped when no cloud uses it) start
+   each sub-task and return at once; sub-tasks train H inner steps per round
+   and commit their pseudo-gradients to their own store. **await_kubernetes**
+   waits, deferred, for each Kubernetes Job to end and puts its pods' logs in
+   its task log.
 4. **sync_checkpoints** combines each round's pseudo-gradients (DiLoCo outer
    Nesterov step), publishes the global checkpoint to every cloud and relays
    the sub-tasks' logs. A retried coordinator resumes after the last
@@ -38,7 +41,15 @@ from datetime import datetime, timedelta
 from airflow.sdk import Param, PokeReturnValue, dag, get_current_context, task
 from crosscloud.job import LR_SCALINGS, MODES, PLACEMENTS, JobSpec
 from crosscloud.presets import PRESETS
-from crosscloud_airflow.operators import LocalSubTaskOperator, SyncCheckpointsOperator, run_ref
+from crosscloud_airflow.operators import (
+    KubernetesSubTaskOperator,
+    KubernetesSubTaskWaitOperator,
+    LocalSubTaskOperator,
+    SSHSubTaskOperator,
+    SyncCheckpointsOperator,
+    all_handles,
+    run_ref,
+)
 
 DAG_ID = "cross_cloud_training"
 JOB = JobSpec()  # the Params' defaults are the engine's, so the DAG runs what benchmarks measure
@@ -85,6 +96,7 @@ JOB = JobSpec()  # the Params' defaults are the engine's, so the DAG runs what b
         "overlap": Param(JOB.overlap, type="boolean", description="Exchange round r while round r + 1 computes."),
         "compression": Param(JOB.compression, enum=["int8", "none"], description="How pseudo-gradients travel."),
         "adapt_shares": Param(JOB.adapt_shares, type="boolean", description="Move batch shares towards faster clouds between rounds."),
+        "follow_prices": Param(JOB.follow_prices, type="boolean", description="Move a dear cloud's batch share to cheaper clouds between rounds (DAG follow_prices)."),
     },
 )
 def cross_cloud_training():
@@ -123,11 +135,16 @@ def cross_cloud_training():
         _, plan = run_ref(run).load()
         return [c.name for c in plan.clouds if c.method == method]
 
+    @task(trigger_rule="none_failed_min_one_success")
+    def gather_handles(per_method: list) -> list[dict]:
+        """Every started sub-task's handle, whichever access method started it (skipped methods add none)."""
+        return all_handles(per_method)
+
     @task
     def aggregate(run: dict, handles: list[dict]) -> dict:
         from crosscloud.pipeline import aggregate_stage
 
-        summary = aggregate_stage(run_ref(run), [handles[i] for i in range(len(handles))], experiment=DAG_ID)
+        summary = aggregate_stage(run_ref(run), handles, experiment=DAG_ID)
         print(f"eval loss {summary['metrics']['eval_loss_start']:.4f} -> {summary['metrics']['final_eval_loss']:.4f}")
         return summary["metrics"]
 
@@ -144,14 +161,21 @@ def cross_cloud_training():
 
     run = admit()
     preheated = preheat(run)
-    local_clouds = clouds_of(run, "local")
-    preheated >> local_clouds
-    dispatch_local = LocalSubTaskOperator.partial(task_id="dispatch_local", run=run).expand(cloud=local_clouds)
-    synced = SyncCheckpointsOperator(task_id="sync_checkpoints", run=run, handles=dispatch_local.output)
-    done = aggregate(run, dispatch_local.output)
-    synced >> done
-    # admit is a setup too: a run that failed before any dispatch still gives its devices back
-    done >> cleanup(run).as_teardown(setups=[run, dispatch_local])
+    # one mapped dispatch task per access method; a method no planned cloud uses expands to nothing and is skipped
+    dispatch = {}
+    for method, operator in (("local", LocalSubTaskOperator), ("kubernetes", KubernetesSubTaskOperator),
+                             ("ssh", SSHSubTaskOperator)):
+        clouds = clouds_of.override(task_id="clouds_of" if method == "local" else f"clouds_of_{method}")(run, method)
+        preheated >> clouds
+        dispatch[method] = operator.partial(task_id=f"dispatch_{method}", run=run).expand(cloud=clouds)
+    handles = gather_handles([d.output for d in dispatch.values()])
+    synced = SyncCheckpointsOperator(task_id="sync_checkpoints", run=run, handles=handles)
+    await_kubernetes = KubernetesSubTaskWaitOperator.partial(task_id="await_kubernetes").expand(
+        handle=dispatch["kubernetes"].output)
+    done = aggregate(run, handles)
+    synced >> [done, await_kubernetes]
+    # admit is the setup: a run that failed before any dispatch still gives its devices back
+    [done, await_kubernetes] >> cleanup(run).as_teardown(setups=run)
 
 
 cross_cloud_training()

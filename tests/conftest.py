@@ -92,3 +92,16 @@ def s3_servers(tmp_path_factory):
     finally:
         for server in servers.values():
             server.stop()
+
+
+@pytest.fixture(scope="session")
+def ssh_server(tmp_path_factory):
+    """A real sshd on 127.0.0.1 (key authentication only, as the current user), started for the session."""
+    from sshserver import SSHServer
+
+    server = SSHServer(tmp_path_factory.mktemp("sshd"))
+    server.start()
+    try:
+        yield server
+    finally:
+        server.stop()

@@ -61,6 +61,11 @@ class PoolView:
     power_w: float = 0.0
     pue: float | None = None
     electricity_note: str = ""  # why the price is unknown
+    memory_gb: float = 16.0  # memory of one device
+    # kubernetes clouds: devices the cluster itself has free now (allocatable - requested, other workloads
+    # included); None when not asked (admission) or not known, and cluster_note says why
+    cluster_free: int | None = None
+    cluster_note: str = ""
 
     @property
     def effective_price_per_device_hour(self) -> float | None:
@@ -75,7 +80,9 @@ class PoolView:
 
     @property
     def free(self) -> int:
-        return max(self.total - self.in_use, 0)
+        """Devices crosscloud may still use: its own count, and no more than the cluster has free."""
+        own = max(self.total - self.in_use, 0)
+        return own if self.cluster_free is None else min(own, self.cluster_free)
 
 
 @dataclass(frozen=True)
@@ -129,6 +136,7 @@ class Inventory:
                 speed=p.throughput.get(family, p.throughput["default"]),
                 families=frozenset(p.families),
                 refuses=c.refuses,
+                memory_gb=p.memory_gb,
             )
             for c in self.clouds
             for p in c.pools
@@ -151,6 +159,12 @@ class Inventory:
         if hours:
             lines.append(f"  electricity: price of the grid region at {', '.join(hours)} UTC (now mapped onto the data's year); "
                          "eff./h = rental + power x price x PUE")
+        for c in self.clouds:
+            for p in c.pools:
+                if p.cluster_free is not None:
+                    lines.append(f"  {c.name}/{p.accelerator}: the cluster has {p.cluster_free} free (its other workloads included)")
+                elif p.cluster_note:
+                    lines.append(f"  {c.name}/{p.accelerator}: {p.cluster_note}")
         refusing = [c for c in self.clouds if c.refuses]
         for c in refusing:
             lines.append(f"  {c.name} takes no new work: {c.refuses}")
@@ -192,14 +206,25 @@ def membership_state(cloud: Cloud, member: Membership | None) -> tuple[str, str,
     return state, health, refuses
 
 
+def cluster_free(cloud: Cloud, accelerator: str) -> tuple[int | None, str]:
+    """(free devices, note) of a kubernetes cloud's pool, asked of its cluster's API now."""
+    from crosscloud.backends.kubernetes import KubernetesBackend
+
+    try:
+        return KubernetesBackend().free(cloud, accelerator), ""
+    except Exception as exc:  # noqa: BLE001 - an unreachable cluster is shown, not fatal to the view
+        return None, f"cluster not asked: {type(exc).__name__}: {str(exc)[:200]}"
+
+
 def collect(fed: Federation, ledger: Ledger | None = None, tenant: str | None = None, usage: Usage | None = None,
-            electricity: bool = True) -> Inventory:
+            electricity: bool = True, clusters: bool = True) -> Inventory:
     """The inventory now; with ``tenant``, the tenant section shows only that tenant.
 
     ``usage`` is the ledger's usage as read inside an admission transaction;
-    by default it is read here. Admission passes ``electricity=False``:
-    placement does not use the price, and reading the price files inside the
-    ledger's write lock would hold every other admission back.
+    by default it is read here. Admission passes ``electricity=False`` and
+    ``clusters=False``: placement does not use the price, and neither price
+    files nor Kubernetes API calls may hold the ledger's write lock and with it
+    every other admission.
     """
     ledger = ledger or Ledger()
     usage = usage or ledger.usage()
@@ -208,13 +233,16 @@ def collect(fed: Federation, ledger: Ledger | None = None, tenant: str | None = 
     for c in fed.clouds:
         state, health, refuses = membership_state(c, members.get(c.name))
         mwh, hour, note = electricity_now(c) if electricity else (None, "", "not read")
-        pools = [
-            PoolView(p.accelerator, p.count, usage.pool(c.name, p.accelerator), running.get(c.name, {}).get(p.accelerator, 0),
-                     p.price_per_device_hour, dict(p.throughput),
-                     tuple(sorted({i.family for i in fed.images if i.accelerator == p.accelerator})),
-                     mwh, hour, p.power_w, c.grid.pue if c.grid else None, note)
-            for p in c.pools
-        ]
+        pools = []
+        for p in c.pools:
+            free_now, why = cluster_free(c, p.accelerator) if clusters and c.access.method == "kubernetes" else (None, "")
+            pools.append(PoolView(
+                p.accelerator, p.count, usage.pool(c.name, p.accelerator), running.get(c.name, {}).get(p.accelerator, 0),
+                p.price_per_device_hour, dict(p.throughput),
+                tuple(sorted({i.family for i in fed.images if i.accelerator == p.accelerator})),
+                mwh, hour, p.power_w, c.grid.pue if c.grid else None, note, memory_gb=p.memory_gb,
+                cluster_free=free_now, cluster_note=why,
+            ))
         clouds.append(CloudView(c.name, c.role, c.jurisdiction, c.region, c.access.method, state, health, refuses, pools))
     reservations = ledger.active(tenant)
     tenants = [

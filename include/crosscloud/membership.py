@@ -49,7 +49,7 @@ def _check(fed: Federation, name: str, timeout_s: float) -> str:
     image = next(i.image for i in fed.images if i.accelerator == pool.accelerator)
     spec = SubTaskSpec(tenant=tenant, run_id=run_id, cloud=name, image=image, accelerator=pool.accelerator, devices=1,
                        module="crosscloud.probe", args=["--tenant", tenant, "--cloud", name, "--key", key],
-                       env=credentials_env(cloud, tenant))
+                       env=credentials_env(cloud, tenant), access=cloud.access.model_dump())
     try:
         backend = get_backend(cloud.access.method)
         handle = backend.start(spec)

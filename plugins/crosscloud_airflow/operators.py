@@ -1,7 +1,10 @@
 """Operators of the ``cross_cloud_training`` stages that need more than ``@task``.
 
-``LocalSubTaskOperator`` starts one cloud's sub-task through the local access
-method and returns its handle at once; a further access method is a further
+One dispatch operator per access method starts a cloud's sub-task and returns
+its handle at once: ``LocalSubTaskOperator`` (processes here),
+``SSHSubTaskOperator`` (a bare-metal host) and ``KubernetesSubTaskOperator``
+(an Indexed Job through the cncf-kubernetes provider, waited for by
+``KubernetesSubTaskWaitOperator``); a further access method is a further
 operator here. ``SyncCheckpointsOperator`` runs the coordinator and stops the
 sub-tasks when it is killed.
 """
@@ -11,12 +14,16 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from airflow.providers.cncf.kubernetes.operators.job import KubernetesJobOperator
 from airflow.sdk import BaseOperator
 
 
-def _handles(handles: Any) -> list[dict]:
-    """The mapped dispatch tasks' handles as a list (indexing, so no lookup past the end)."""
-    return [handles[i] for i in range(len(handles))]
+def all_handles(groups: Any) -> list[dict]:
+    """Handles of mapped dispatch tasks as one list, ``groups`` holding one task's output per access method.
+
+    Indexing, not iterating, so that no XCom is looked up past the end.
+    """
+    return [group[i] for group in groups for i in range(len(group))]
 
 
 def run_ref(run: dict):
@@ -43,8 +50,145 @@ class LocalSubTaskOperator(BaseOperator):
         from crosscloud.pipeline import dispatch_stage
 
         handle = dispatch_stage(run_ref(self.run), self.cloud)
-        self.log.info("cloud %s: sub-task started, pid %s, log %s", self.cloud, handle["pid"], handle["log"])
+        self.log.info("cloud %s: sub-task started, pid %s, log %s", self.cloud, handle["pid"],
+                      handle.get("log") or handle.get("folder"))
         return handle
+
+
+class SSHSubTaskOperator(LocalSubTaskOperator):
+    """Start the sub-task of an ssh cloud on its bare-metal host (the cloud's SSH Connection); returns its handle."""
+
+    ui_color = "#fff2cc"
+
+
+class KubernetesSubTaskOperator(KubernetesJobOperator):
+    """Create the sub-task of a kubernetes cloud as an Indexed Job through the provider; returns its handle at once.
+
+    The request is the engine's Job manifest (``crosscloud.backends.kubernetes``),
+    created with the cloud's Connection. Before it, the adapted image is pulled
+    on the pool's nodes (a DaemonSet, removed once every node is ready); after
+    it, the federation ConfigMap (and for several pods the rendezvous Service)
+    is applied, owned by the Job. Waiting for the pods is
+    ``KubernetesSubTaskWaitOperator``'s, so that the coordinator runs while they train.
+    """
+
+    template_fields: Sequence[str] = ("run", "cloud")
+    ui_color = "#d0e0e3"
+
+    def __init__(self, *, run: Any, cloud: str, prepull_timeout_s: float = 1800, **kwargs):
+        super().__init__(wait_until_job_complete=False, random_name_suffix=False, base_container_name="worker",
+                         get_logs=False, **kwargs)
+        self.run, self.cloud, self.prepull_timeout_s = run, cloud, prepull_timeout_s
+
+    def prepare(self):
+        """The sub-task's spec, cloud and Job manifest; sets this operator's request fields from the manifest."""
+        from airflow.providers.cncf.kubernetes.operators.job import JOB_NAME_PREFIX
+        from kubernetes.client import ApiClient
+
+        from crosscloud.backends.kubernetes import job_manifest
+        from crosscloud.pipeline import subtask_spec
+
+        fed, plan = run_ref(self.run).load()
+        cloud = fed.cloud(self.cloud)
+        spec = subtask_spec(plan, self.cloud, access=cloud.access.model_dump())  # keys come from the Secret, not env
+        job = job_manifest(spec, cloud)
+        meta, job_spec = job["metadata"], job["spec"]
+        self.kubernetes_conn_id = cloud.access.connection_id
+        self.namespace, self.labels, self.annotations = meta["namespace"], meta["labels"], meta["annotations"]
+        self.name = meta["name"].removeprefix(JOB_NAME_PREFIX)  # the provider puts the prefix back
+        self.completions, self.parallelism = job_spec["completions"], job_spec["parallelism"]
+        self.completion_mode, self.backoff_limit = job_spec["completionMode"], job_spec["backoffLimit"]
+        self.suspend, self.ttl_seconds_after_finished = job_spec.get("suspend", False), job_spec["ttlSecondsAfterFinished"]
+        self.full_job_spec = ApiClient()._ApiClient__deserialize(job, "V1Job")
+        return fed, plan, spec, cloud, job
+
+    def _prepull(self, api, cloud, accelerator: str, image: str) -> None:
+        import time
+
+        from kubernetes import client, utils
+
+        from crosscloud.backends.kubernetes import prepull_done, prepull_manifest
+
+        ds = prepull_manifest(cloud, accelerator, image)
+        name, ns = ds["metadata"]["name"], ds["metadata"]["namespace"]
+        utils.create_from_dict(api, ds, namespace=ns, apply=True)
+        apps, deadline = client.AppsV1Api(api), time.monotonic() + self.prepull_timeout_s
+        try:
+            while not prepull_done(api.sanitize_for_serialization(apps.read_namespaced_daemon_set_status(name, ns).status)):
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"cloud {cloud.name}: {image} not pulled on every {accelerator} node within "
+                                       f"{self.prepull_timeout_s:.0f} s (DaemonSet {ns}/{name})")
+                time.sleep(5)
+            self.log.info("cloud %s: %s is on every %s node", cloud.name, image, accelerator)
+        finally:
+            apps.delete_namespaced_daemon_set(name, ns)
+
+    def execute(self, context) -> dict:
+        from pathlib import Path
+
+        from kubernetes import utils
+
+        from crosscloud.backends.kubernetes import KubernetesBackend, companion_manifests
+        from crosscloud.pipeline import check_warm
+
+        fed, plan, spec, cloud, job = self.prepare()
+        check_warm(fed, plan, self.cloud)
+        backend = KubernetesBackend()
+        found = backend.find(spec.tenant, spec.run_id, spec.cloud, spec.access)
+        if found is not None and backend.state(found) == "running":
+            return found  # a retried dispatch must not start a second Job
+        api = self.hook.get_conn()
+        self._prepull(api, cloud, spec.accelerator, spec.image)
+        super().execute(context)
+        # the pods wait for their ConfigMap (and rendezvous Service), which the Job owns: they go with it
+        uid = self.hook.get_job(job["metadata"]["name"], self.namespace).metadata.uid
+        for manifest in companion_manifests(spec, cloud, Path(plan.federation_path).read_text(), job_uid=uid):
+            utils.create_from_dict(api, manifest, namespace=manifest["metadata"]["namespace"], apply=True)
+        # the handle is this task's XCom result; the pod operator's do_xcom_push (an XCom sidecar in every pod)
+        # stayed off while the request was built
+        self.do_xcom_push = True
+        self.log.info("cloud %s: Job %s/%s created (%d pod(s))", self.cloud, self.namespace, job["metadata"]["name"],
+                      self.completions)
+        return KubernetesBackend.handle(spec, cloud, job)
+
+
+class KubernetesSubTaskWaitOperator(BaseOperator):
+    """Wait, deferred (no worker slot held), until a cloud's Job has ended; then its pods' logs into this task's log."""
+
+    template_fields: Sequence[str] = ("handle",)
+    ui_color = "#d0e0e3"
+
+    def __init__(self, *, handle: Any, poll_interval: float = 10.0, **kwargs):
+        super().__init__(**kwargs)
+        self.handle, self.poll_interval = handle, poll_interval
+
+    def execute(self, context) -> None:
+        from airflow.providers.cncf.kubernetes.hooks.kubernetes import KubernetesHook
+        from airflow.providers.cncf.kubernetes.triggers.job import KubernetesJobTrigger
+
+        h = self.handle
+        conn_id = h["access"].get("connection_id")
+        pods = KubernetesHook(conn_id=conn_id).core_v1_client.list_namespaced_pod(
+            h["namespace"], label_selector=f"batch.kubernetes.io/job-name={h['job']}").items
+        self.defer(
+            trigger=KubernetesJobTrigger(
+                job_name=h["job"], job_namespace=h["namespace"], pod_names=[p.metadata.name for p in pods],
+                pod_namespace=h["namespace"], base_container_name="worker", kubernetes_conn_id=conn_id,
+                poll_interval=self.poll_interval, get_logs=False, do_xcom_push=False,
+            ),
+            method_name="execute_complete",
+        )
+
+    def execute_complete(self, context, event: dict) -> None:
+        from airflow.providers.cncf.kubernetes.hooks.kubernetes import KubernetesHook
+        from airflow.providers.cncf.kubernetes.utils.pod_manager import PodManager
+
+        hook = KubernetesHook(conn_id=self.handle["access"].get("connection_id"))
+        manager = PodManager(kube_client=hook.core_v1_client)
+        for name in event.get("pod_names") or []:
+            manager.fetch_requested_container_logs(hook.get_pod(name, self.handle["namespace"]), containers=["worker"])
+        if event["status"] == "error":
+            raise RuntimeError(f"cloud {self.handle['cloud']}: {event['message']}")
 
 
 class SyncCheckpointsOperator(BaseOperator):
@@ -61,7 +205,7 @@ class SyncCheckpointsOperator(BaseOperator):
     def execute(self, context) -> list[dict]:
         from crosscloud.pipeline import sync_stage
 
-        history = sync_stage(run_ref(self.run), _handles(self.handles), log=self.log.info)
+        history = sync_stage(run_ref(self.run), all_handles([self.handles]), log=self.log.info)
         return [{k: v for k, v in r.items() if k not in ("clouds", "shares", "next_shares")} for r in history]
 
     def on_kill(self) -> None:
@@ -70,6 +214,6 @@ class SyncCheckpointsOperator(BaseOperator):
         self.log.info("coordinator killed: stopping every sub-task of the run and releasing its devices")
         ref = run_ref(self.run)
         try:
-            stop_run(ref, _handles(self.handles))
+            stop_run(ref, all_handles([self.handles]))
         finally:
             release_stage(ref)

@@ -33,7 +33,9 @@ def test_every_stage_succeeds(two_runs):
         assert run.state == "success"
         states = {(ti.task_id, ti.map_index): ti.state for ti in run.get_task_instances()}
         assert {t for t, _ in states} >= {"admit", "preheat", "dispatch_local", "sync_checkpoints", "aggregate", "cleanup"}
-        assert all(s == "success" for s in states.values()), states
+        # no cloud of the embedded federation is reached by kubernetes or ssh: those stages expand to nothing
+        remote = {"dispatch_kubernetes", "await_kubernetes", "dispatch_ssh"}
+        assert all(s == ("skipped" if t in remote else "success") for (t, _), s in states.items()), states
         assert sum(1 for t, _ in states if t == "dispatch_local") == 3
 
 

@@ -34,7 +34,9 @@ def test_a_joining_cloud_is_used_after_its_probe_passes(ledger):
 @pytest.mark.parametrize(
     ("mutate", "part"),
     [
-        (lambda raw: raw["clouds"][2].update(access={"method": "ssh"}), "launcher: no engine backend for access method 'ssh'"),
+        (lambda raw: raw["clouds"][2].update(access={"method": "ssh", "host": "127.0.0.1", "port": 1, "workdir": "/tmp/cc",
+                                                     "python": "/usr/bin/python3"}),
+         "launcher: cloud singapore: cannot reach 127.0.0.1 over SSH"),
         (lambda raw: raw["clouds"][2]["pools"][0].update(accelerator="hygon-k100"), "images: no adapted image registered for ['hygon-k100']"),
     ],
 )

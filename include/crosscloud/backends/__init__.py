@@ -7,9 +7,11 @@ name a federation file uses under ``access.method``.
 from __future__ import annotations
 
 from crosscloud.backends.base import Backend, Handle, SubTaskError, SubTaskSpec
+from crosscloud.backends.kubernetes import KubernetesBackend
 from crosscloud.backends.local import LocalBackend
+from crosscloud.backends.ssh import SSHBackend
 
-BACKENDS: dict[str, type[Backend]] = {"local": LocalBackend}
+BACKENDS: dict[str, type[Backend]] = {"local": LocalBackend, "kubernetes": KubernetesBackend, "ssh": SSHBackend}
 
 
 def get_backend(method: str) -> Backend:
@@ -17,8 +19,7 @@ def get_backend(method: str) -> Backend:
         return BACKENDS[method]()
     except KeyError:
         raise SubTaskError(
-            f"no engine backend for access method {method!r}; available here: {sorted(BACKENDS)} "
-            "(other methods are started by their Airflow operator)"
+            f"no engine backend for access method {method!r}; available: {sorted(BACKENDS)}"
         ) from None
 
 

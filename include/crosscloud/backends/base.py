@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 
 
@@ -22,9 +24,22 @@ class SubTaskSpec:
     module: str = "crosscloud.worker"
     args: list[str] = field(default_factory=list)
     env: dict[str, str] = field(default_factory=dict)
+    access: dict = field(default_factory=dict)  # the cloud's federation ``access`` section: where and how to start
 
     def to_dict(self) -> dict:
         return asdict(self)
+
+    @property
+    def federation(self) -> str | None:
+        """The federation file named by ``--federation``, if the arguments name one."""
+        return self.args[self.args.index("--federation") + 1] if "--federation" in self.args else None
+
+    def args_with_federation(self, path: str) -> list[str]:
+        """The arguments with ``--federation`` pointing at ``path``: the file's copy where the sub-task runs."""
+        args = list(self.args)
+        if "--federation" in args:
+            args[args.index("--federation") + 1] = path
+        return args
 
 
 # A handle is a JSON-serialisable dict (it travels through Airflow XCom) with at
@@ -51,10 +66,44 @@ class Backend:
     def stop(self, handle: Handle) -> None:
         raise NotImplementedError
 
-    def find(self, tenant: str, run_id: str, cloud: str) -> Handle | None:
-        """The handle of a run's sub-task on ``cloud``, if one was started."""
+    def find(self, tenant: str, run_id: str, cloud: str, access: dict | None = None) -> Handle | None:
+        """The handle of a run's sub-task on ``cloud`` (reached through its ``access`` section), if one was started."""
         raise NotImplementedError
 
     def used_devices(self) -> dict[str, dict[str, int]]:
         """Devices held by running sub-tasks: {cloud: {accelerator: n}}."""
         raise NotImplementedError
+
+
+class RemoteState:
+    """A remote sub-task's state and output, asked at most every ``interval_s``.
+
+    The coordinator polls every few tens of milliseconds; a host over SSH or a
+    Kubernetes API server is asked far less often. A finished state is final.
+    """
+
+    def __init__(self, interval_s: float):
+        self.interval_s = interval_s
+        self._asked: dict[tuple[str, str], float] = {}
+        self._state: dict[str, str] = {}
+
+    def _due(self, key: str, what: str) -> bool:
+        now = time.monotonic()
+        if now - self._asked.get((key, what), float("-inf")) < self.interval_s:
+            return False
+        self._asked[(key, what)] = now
+        return True
+
+    def state(self, key: str, ask: Callable[[], str]) -> str:
+        known = self._state.get(key)
+        if known in (None, "running") and (self._due(key, "state") or known is None):
+            self._state[key] = known = ask()
+        return known
+
+    def logs(self, key: str, offset: int, ask: Callable[[], tuple[str, int]]) -> tuple[str, int]:
+        """New output; once the sub-task is known to have ended, its last lines at once."""
+        ended = self._state.get(key, "running") != "running"
+        return ask() if ended or self._due(key, "logs") else ("", offset)
+
+    def forget(self, key: str) -> None:
+        self._state.pop(key, None)

@@ -37,7 +37,7 @@ class LocalBackend(Backend):
             return [*launcher, "-m", spec.module, *spec.args]
         return [sys.executable, "-m", spec.module, *spec.args]
 
-    def find(self, tenant: str, run_id: str, cloud: str) -> Handle | None:
+    def find(self, tenant: str, run_id: str, cloud: str, access: dict | None = None) -> Handle | None:
         handle_file = _subtasks_root() / tenant / run_id / cloud / "handle.json"
         return json.loads(handle_file.read_text()) if handle_file.exists() else None
 
