@@ -10,7 +10,9 @@ from crosscloud import membership
 from crosscloud.catalog import load_catalog
 from crosscloud.federation import load_federation
 from crosscloud.inventory import collect
+from crosscloud.job import JobSpec
 from crosscloud.ledger import Ledger
+from crosscloud.progress import Progress
 from crosscloud.storage import open_store
 
 
@@ -51,6 +53,8 @@ def format_summary(s: dict) -> str:
             f" -> iteration-time gap {m['iteration_time_gap_pct']:+.1f}%"
         )
     lines.append(f"cost {m['cost']:.4f}, energy {m['energy_kwh']:.5f} kWh over {m['train_wall_s']:.1f} s of training")
+    if s.get("model"):
+        lines.append(f"final model registered in MLflow: {s['model']['name']} version {s['model']['version']}")
     return "\n".join(lines)
 
 
@@ -91,6 +95,14 @@ def _warm(args) -> int:
     return 0
 
 
+def _progress(args) -> int:
+    progress = Progress(args.rounds)
+    for line in sys.stdin:
+        progress.feed(line)
+    progress.close()
+    return 0
+
+
 def _cloud(args) -> int:
     fed = load_federation(args.federation)
     if args.action == "join":
@@ -125,6 +137,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("action", choices=["join", "drain", "activate"])
     p.add_argument("name")
     p.add_argument("--federation")
+    p = sub.add_parser("progress", help="read a run's log on stdin; show each cloud's rounds on one live line")
+    p.add_argument("--rounds", type=int, default=JobSpec().rounds, help="rounds of the run (default: the DAG's default)")
     p = sub.add_parser("release", help="give back the devices a run holds (a run whose teardown never ran)")
     p.add_argument("--tenant", required=True)
     p.add_argument("--run-id", required=True)
@@ -137,6 +151,8 @@ def main(argv: list[str] | None = None) -> int:
         return _cloud(args)
     if args.command == "warm":
         return _warm(args)
+    if args.command == "progress":
+        return _progress(args)
     if args.command == "release":
         print(f"released {Ledger().release(args.tenant, args.run_id)} device(s) of run {args.run_id}")
         return 0

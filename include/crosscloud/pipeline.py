@@ -16,13 +16,13 @@ from dataclasses import dataclass
 import torch
 
 from crosscloud import baseline
-from crosscloud.admission import NotAdmitted, admit
+from crosscloud.admission import NotAdmitted, admit, preflight
 from crosscloud.artifacts import ChunkIndex, put_blob, read_blob, warmth
 from crosscloud.backends import Handle, SubTaskError, SubTaskSpec, get_backend
 from crosscloud.commit import read_commit, write_step
 from crosscloud.coordinator import Coordinator, load_global, load_history
 from crosscloud.corpus import build_corpus
-from crosscloud.credentials import credentials_env
+from crosscloud.credentials import credentials_env, require_credentials
 from crosscloud.federation import Federation, load_federation
 from crosscloud.federation import federation_path as resolve_federation_path
 from crosscloud.job import JobSpec
@@ -35,7 +35,7 @@ from crosscloud.plan import BlobRef, Candidate, Plan
 from crosscloud.preheat import TransferReport, fetch_all
 from crosscloud.presets import ModelConfig, preset
 from crosscloud.storage import StoreError, open_store
-from crosscloud.tensors import to_bytes
+from crosscloud.tensors import from_bytes, to_bytes
 
 Log = Callable[[str], None]
 
@@ -56,17 +56,24 @@ class RunRef:
         return fed, Plan.load(open_store(fed.local_cloud, self.tenant), self.tenant, self.run_id)
 
 
-def _materialize_inputs(fed: Federation, spec: JobSpec, cfg: ModelConfig):
-    """Put the dataset shards on the dataset's home cloud and the initial model on the local cloud."""
+def _materialize_inputs(fed: Federation, spec: JobSpec, cfg: ModelConfig, init: bytes | None = None):
+    """Put the dataset shards on the dataset's home cloud and the initial model on the local cloud.
+
+    ``init`` (safetensors) starts from given weights, e.g. a registered model
+    being retrained; they must fit the model preset, checked here before
+    anything is admitted. By default the model starts from the seed.
+    """
     ds = fed.dataset(spec.dataset)
     shards, held_out = build_corpus(ds.shards, spec.seed)
     data_home = open_store(fed.cloud(ds.home), spec.tenant)
     index = ChunkIndex(data_home, spec.tenant)
-    shard_refs = [put_blob(data_home, spec.tenant, s, kind="dataset", index=index)[0] for s in shards]
+    shard_refs = [put_blob(data_home, spec.tenant, s, kind="dataset", index=index, residency=ds.residency)[0] for s in shards]
     home = open_store(fed.local_cloud, spec.tenant)
-    held_ref, _ = put_blob(home, spec.tenant, held_out, kind="dataset")
-    init = build_model(cfg, spec.seed).state_dict()
-    init_ref, _ = put_blob(home, spec.tenant, to_bytes(init), kind="model")
+    held_ref, _ = put_blob(home, spec.tenant, held_out, kind="dataset", residency=ds.residency)
+    model = build_model(cfg, spec.seed)
+    if init is not None:
+        model.load_state_dict(from_bytes(init))  # raises, naming the tensors, when they do not fit the preset
+    init_ref, _ = put_blob(home, spec.tenant, to_bytes(model.state_dict()), kind="model")
     return shard_refs, held_ref, init_ref
 
 
@@ -90,6 +97,7 @@ def admit_stage(
     federation_path: str | None = None,
     experiment: str | None = None,
     tags: dict[str, str] | None = None,
+    init: bytes | None = None,
 ) -> RunRef:
     """Admit the run (place it, reserve its devices), give clouds shares and shards, write the plan, open MLflow runs.
 
@@ -103,7 +111,11 @@ def admit_stage(
     ds = fed.dataset(spec.dataset)
     if ds.residency and fed.local_cloud.jurisdiction != ds.residency:
         raise PlacementError(f"dataset {ds.name} is resident in {ds.residency}; its held-out part cannot be evaluated on {fed.local_cloud.name}")
-    shard_refs, held_ref, init_ref = _materialize_inputs(fed, spec, cfg)
+    # what can never run fails here, before any input is written
+    preflight(fed, spec, cfg.family)
+    usable = spec.clouds or [c for c, n in fed.tenant(spec.tenant).quotas.items() if n > 0]
+    require_credentials([fed.cloud(n) for n in sorted({ds.home, fed.local_cloud.name, *usable})], spec.tenant)
+    shard_refs, held_ref, init_ref = _materialize_inputs(fed, spec, cfg, init)
     ledger = Ledger()
     admission = admit(fed, spec, run_id, cfg.family, sum(r.size for r in shard_refs), _holders(fed, spec.tenant, shard_refs), ledger)
     try:
@@ -169,13 +181,13 @@ def preheat_stage(ref: RunRef) -> dict:
     return result
 
 
-def subtask_spec(plan: Plan, cloud: str, env: dict[str, str] | None = None) -> SubTaskSpec:
+def subtask_spec(plan: Plan, cloud: str, env: dict[str, str] | None = None, access: dict | None = None) -> SubTaskSpec:
     """What the sub-task of ``cloud`` runs, whatever backend starts it; ``env`` carries its credentials."""
     me = plan.cloud(cloud)
     args = ["--tenant", plan.tenant, "--run-id", plan.run_id, "--cloud", cloud, "--federation", plan.federation_path]
     return SubTaskSpec(
         tenant=plan.tenant, run_id=plan.run_id, cloud=cloud, image=me.image, accelerator=me.accelerator,
-        devices=me.devices, args=args, env=env or {},
+        devices=me.devices, args=args, env=env or {}, access=access or {},
     )
 
 
@@ -197,14 +209,16 @@ def dispatch_stage(ref: RunRef, cloud: str) -> Handle:
     """Start one cloud's sub-task, once its inputs are there, and return at once with its handle."""
     fed, plan = ref.load()
     check_warm(fed, plan, cloud)
-    spec = subtask_spec(plan, cloud, env=credentials_env(fed.cloud(cloud), plan.tenant))
-    return get_backend(plan.cloud(cloud).method).start(spec)
+    access = fed.cloud(cloud).access
+    spec = subtask_spec(plan, cloud, env=credentials_env(fed.cloud(cloud), plan.tenant), access=access.model_dump())
+    return get_backend(access.method).start(spec)
 
 
 def run_handles(ref: RunRef) -> list[Handle]:
     """Handles of every sub-task the run started, found through each cloud's backend."""
-    _, plan = ref.load()
-    found = (get_backend(c.method).find(plan.tenant, plan.run_id, c.name) for c in plan.clouds)
+    fed, plan = ref.load()
+    found = (get_backend(c.method).find(plan.tenant, plan.run_id, c.name, fed.cloud(c.name).access.model_dump())
+             for c in plan.clouds)
     return [h for h in found if h is not None]
 
 
@@ -281,7 +295,7 @@ def _cloud_summary(fed: Federation, plan: Plan, history: list[dict], train_s: fl
     clouds = {}
     for c in plan.clouds:
         pool = next(p for p in fed.cloud(c.name).pools if p.accelerator == c.accelerator)
-        rounds = [r["clouds"][c.name] for r in history]
+        rounds = [r["clouds"][c.name] for r in history if c.name in r["clouds"]]  # a lost cloud left no record
         steps = [s for r in rounds for s in r["step_s"]] or [0.0]  # a cloud idle all run trained no step
         device_hours = c.devices * train_s / 3600
         clouds[c.name] = {
@@ -297,6 +311,11 @@ def _cloud_summary(fed: Federation, plan: Plan, history: list[dict], train_s: fl
     return clouds
 
 
+def held_out_data(home, plan: Plan) -> torch.Tensor:
+    """The run's held-out bytes: every eval loss of the run, and a retrain's comparison, is measured on them."""
+    return torch.frombuffer(bytearray(read_blob(home, plan.tenant, plan.held_out)), dtype=torch.uint8)
+
+
 def aggregate_stage(ref: RunRef, handles: list[Handle], experiment: str | None = None, log: Log = print,
                     compare_baseline: bool = True) -> dict:
     """Final model and evaluation, whole-run metrics, the baseline gap; closes the MLflow runs."""
@@ -310,7 +329,7 @@ def aggregate_stage(ref: RunRef, handles: list[Handle], experiment: str | None =
     params, _, _ = load_global(home, plan, spec.rounds)
     write_step(home, plan.keys.final, {"model.safetensors": to_bytes(params)}, meta={"rounds": spec.rounds})
     model = build_model(ModelConfig(**plan.model), spec.seed)
-    held_out = torch.frombuffer(bytearray(read_blob(home, plan.tenant, plan.held_out)), dtype=torch.uint8)
+    held_out = held_out_data(home, plan)
     model.load_state_dict(load_global(home, plan, 0)[0])
     eval_start = evaluate(model, held_out)
     model.load_state_dict(params)
@@ -343,19 +362,33 @@ def aggregate_stage(ref: RunRef, handles: list[Handle], experiment: str | None =
             for r in history
         ],
     }
-    home.put(plan.keys.summary, json.dumps(summary, indent=2).encode())
+    tracker = None
     if plan.tracking:
+        from crosscloud import registry
         from crosscloud.tracking import Tracker
 
+        tracker = Tracker()
+        if spec.mode == "cross_cloud":  # a single-cluster baseline is a measurement, not a model to serve
+            summary["model"] = registry.register(tracker.client, plan, summary, to_bytes(params))
+    home.put(plan.keys.summary, json.dumps(summary, indent=2).encode())
+    if tracker:
+        from crosscloud import plots
+        from crosscloud.runview import load_run
+
+        started = history[0]["published_at"] - history[0]["wall_s"]
+        plots.log_plots(tracker.client, fed, load_run(fed, plan.tenant, plan.run_id), baseline.baseline_key(plan),
+                        started, history[-1]["published_at"])
         logs = {h["cloud"]: get_backend(h["backend"]).logs(h)[0] for h in handles}
-        Tracker().finish(plan, summary, logs)
+        tracker.finish(plan, summary, logs)
     return summary
 
 
 def run_job(spec: JobSpec, run_id: str, federation_path: str | None = None, experiment: str | None = None,
-            log: Log = print, compare_baseline: bool = True) -> dict:
-    """All stages in this process, through the engine backends: for benchmarks and calibration."""
-    ref = admit_stage(spec, run_id, federation_path, experiment, tags={"crosscloud.launcher": "engine"})
+            log: Log = print, compare_baseline: bool = True, tags: dict[str, str] | None = None,
+            init: bytes | None = None) -> dict:
+    """All stages in this process, through the engine backends: for benchmarks, calibration and retraining."""
+    ref = admit_stage(spec, run_id, federation_path, experiment, tags={"crosscloud.launcher": "engine", **(tags or {})},
+                      init=init)
     preheat_stage(ref)
     _, plan = ref.load()
     try:

@@ -101,11 +101,13 @@ class Tracker:
         self.client.log_batch(run_id, metrics=[Metric(k, float(v), now, step) for k, v in metrics.items()])
 
     def log_round(self, plan, record: dict) -> None:
-        """Parent: eval loss and wall time per round; children: per-step loss and iteration time."""
+        """Parent: eval loss, wall time, clouds lost and contributions refused per round; children: per-step loss and iteration time."""
         from mlflow.entities import Metric
 
         tr, r, h = plan.tracking, record["round"], plan.spec.inner_steps
-        self.log_metrics(tr["parent_run_id"], {"eval_loss": record["eval_loss"], "round_wall_s": record["wall_s"]}, step=r)
+        lost, refused = record.get("lost", {}), record.get("refused", {})
+        self.log_metrics(tr["parent_run_id"], {"eval_loss": record["eval_loss"], "round_wall_s": record["wall_s"],
+                                               "clouds_lost": len(lost), "contributions_refused": len(refused)}, step=r)
         now = int(time.time() * 1000)
         for cloud, rec in record["clouds"].items():
             metrics = [Metric("train_loss", loss, now, r * h + i) for i, loss in enumerate(rec["losses"])]
@@ -113,6 +115,12 @@ class Tracker:
             metrics += [Metric(f"round_{k}", rec[k], now, r) for k in ("compute_s", "upload_s", "download_s", "wait_s")]
             for i in range(0, len(metrics), 900):  # MLflow takes at most 1000 metrics per batch
                 self.client.log_batch(tr["child_run_ids"][cloud], metrics=metrics[i : i + 900])
+        # a lost cloud or a refused contribution flags the cloud by tag, on the parent and on the cloud's run
+        for kind, clouds in (("lost", lost), ("refused", refused)):
+            for cloud, why in clouds.items():
+                note = f"round {r}: {why}"[:4000]  # MLflow caps tag values
+                self.client.set_tag(tr["parent_run_id"], f"{TAG}.{kind}.{cloud}", note)
+                self.client.set_tag(tr["child_run_ids"][cloud], f"{TAG}.{kind}", note)
 
     def finish(self, plan, summary: dict, logs: dict[str, str], status: str = "FINISHED") -> None:
         tr = plan.tracking

@@ -1,0 +1,185 @@
+"""The crosscloud page of the Airflow UI: the global compute view, and each run's plan and rounds.
+
+A FastAPI app that the api-server mounts at ``/crosscloud`` (``plugin.py``),
+shown inside the Airflow UI as external views: an entry of the navigation and
+a tab on every DAG run. Each route depends on Airflow's own authentication
+and authorization (the UI's JWT cookie or a bearer token, and read access to
+the DAG's runs): a request without them gets 401/403 and no data. The HTML is
+rendered on the server, fresh from the engine on each request
+(``inventory.collect``, ``runview``); the page needs no JavaScript.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from html import escape
+from urllib.parse import quote
+
+from fastapi import Depends, FastAPI, HTTPException
+from fastapi.responses import HTMLResponse
+
+from airflow.api_fastapi.auth.managers.models.resource_details import DagAccessEntity
+from airflow.api_fastapi.core_api.security import requires_access_dag
+
+TRAINING_DAG = "cross_cloud_training"
+RECENT_RUNS = 10  # per tenant on the global view
+PARTS = (("compute", "#4e79a7"), ("communication", "#f28e2b"), ("waiting", "#bab0ac"))
+
+app = FastAPI(title="crosscloud", description="Global compute view and cross-cloud runs", docs_url=None, redoc_url=None)
+
+STYLE = """
+body{font-family:system-ui,sans-serif;margin:16px;color:#1a202c}
+h1{font-size:1.4rem}h2{font-size:1.1rem;margin-top:1.6rem}
+table{border-collapse:collapse;margin:.4rem 0}td,th{border:1px solid #cbd5e0;padding:3px 8px;text-align:left;font-size:.85rem}
+th{background:#edf2f7}td.n{text-align:right;font-variant-numeric:tabular-nums}.muted{color:#718096}
+.lane{display:flex;align-items:center;margin:3px 0}.lane .name{width:110px;font-size:.85rem}
+.bar{display:flex;height:20px}.seg{height:20px}.round{display:flex;margin-right:2px;outline:1px solid #fff}
+.legend span{display:inline-block;width:12px;height:12px;margin:0 4px 0 12px;vertical-align:middle}
+.ok{color:#2f855a}.bad{color:#c53030}
+"""
+
+
+def _fmt(value, spec: str = ".2f", unit: str = "") -> str:
+    return "unknown" if value is None else f"{value:{spec}}{unit}"
+
+
+def _table(headers: list[str], rows: list[list[str]], numeric: set[int] = frozenset()) -> str:
+    """An HTML table; cells are already escaped."""
+    head = "".join(f"<th>{escape(h)}</th>" for h in headers)
+    body = "".join("<tr>" + "".join(f"<td class='n'>{c}</td>" if i in numeric else f"<td>{c}</td>" for i, c in enumerate(r)) + "</tr>"
+                   for r in rows)
+    return f"<table><tr>{head}</tr>{body}</table>"
+
+
+def _page(title: str, body: str) -> HTMLResponse:
+    return HTMLResponse(f"<!doctype html><html><head><meta charset='utf-8'><title>{escape(title)}</title>"
+                        f"<style>{STYLE}</style></head><body>{body}</body></html>")
+
+
+def _mlflow_link(tracking: dict) -> str:
+    base = os.environ.get("CROSSCLOUD_MLFLOW_UI_URL", "http://localhost:5000").rstrip("/")
+    if not tracking:
+        return "<span class='muted'>not tracked in MLflow</span>"
+    url = f"{base}/#/experiments/{tracking['experiment_id']}/runs/{tracking['parent_run_id']}"
+    return f"<a id='mlflow-link' href='{escape(url)}' target='_blank' rel='noopener'>MLflow run {escape(tracking['parent_run_id'])}</a>"
+
+
+def _compute_view() -> str:
+    from crosscloud.federation import load_federation
+    from crosscloud.inventory import collect
+    from crosscloud.ledger import Ledger
+    from crosscloud.runview import list_runs, load_run
+
+    fed, ledger = load_federation(), Ledger()
+    inv = collect(fed, ledger)
+    holding: dict[str, set[str]] = {}
+    for r in ledger.active():
+        holding.setdefault(r.cloud, set()).add(f"{r.run_id} ({r.tenant})")
+    rows = []
+    for c in inv.clouds:
+        for i, p in enumerate(c.pools):
+            head = [escape(c.name), escape(c.role), escape(c.jurisdiction), escape(c.state),
+                    escape(c.health) + (f"<br><span class='bad'>{escape(c.refuses)}</span>" if c.refuses else "")]
+            runs = ", ".join(escape(x) for x in sorted(holding.get(c.name, ()))) or "<span class='muted'>none</span>"
+            rows.append((head if i == 0 else [""] * 5) + [
+                escape(p.accelerator), str(p.total), str(p.in_use), str(p.free), f"{p.price_per_device_hour:.2f}",
+                _fmt(p.electricity_usd_mwh, ".1f") if p.electricity_usd_mwh is not None
+                else f"<span title='{escape(p.electricity_note)}'>unknown</span>",  # why, on hover
+                _fmt(p.effective_price_per_device_hour, ".4f"), runs if i == 0 else ""])
+    hours = sorted({p.electricity_hour for c in inv.clouds for p in c.pools if p.electricity_hour})
+    tenants = [[escape(t.name), ", ".join(f"{escape(cloud)} {t.used.get(cloud, 0)}/{q}" for cloud, q in t.quota.items()),
+                ", ".join(escape(r) for r in t.runs) or "<span class='muted'>none</span>"] for t in inv.tenants]
+    recent = []
+    for t in fed.tenants:
+        for _, run_id in list_runs(fed, t.name)[:RECENT_RUNS]:
+            v = load_run(fed, t.name, run_id)
+            m = v.metrics
+            recent.append([f"<a href='runs/{TRAINING_DAG}/{quote(run_id, safe='')}'>{escape(run_id)}</a>", escape(t.name), escape(v.mode),
+                           ", ".join(escape(c["name"]) for c in v.clouds), escape(v.state), f"{v.rounds_done}/{v.rounds}",
+                           _fmt(m.get("final_eval_loss"), ".4f"), _fmt(m.get("iteration_time_gap_pct"), "+.1f", " %")])
+    return (
+        f"<h1>crosscloud: global compute</h1><p class='muted'>federation <b id='federation'>{escape(inv.federation)}</b>, "
+        f"{len(inv.clouds)} clouds, as of {time.strftime('%Y-%m-%d %H:%M:%S UTC', time.gmtime(inv.generated_at))}</p>"
+        "<h2>Clouds and accelerator pools</h2>"
+        + _table(["cloud", "role", "jurisdiction", "state", "health", "accelerator", "total", "in use", "free", "price/device-h",
+                  "electricity USD/MWh", "effective price/device-h", "runs on it"], rows, numeric={6, 7, 8, 9, 10, 11})
+        + (f"<p class='muted'>electricity: grid price at {escape(', '.join(hours))} UTC (now mapped onto the data's year); "
+           "effective price = rental + power x electricity price x PUE</p>" if hours else "")
+        + "<h2>Tenants: devices used / quota</h2>" + _table(["tenant", "used / quota per cloud", "runs holding devices"], tenants)
+        + "<h2>Recent runs</h2>"
+        + (_table(["run", "tenant", "mode", "clouds", "state", "rounds", "final eval loss", "iteration-time gap"], recent, numeric={5, 6, 7})
+           if recent else "<p class='muted'>no runs yet</p>")
+    )
+
+
+def _timeline(view) -> str:
+    """Each cloud a lane, its rounds side by side, each round split into compute / communication / waiting."""
+    longest = max((sum(s.total_s for s in slices) for slices in view.timeline.values()), default=0.0) or 1.0
+    lanes = []
+    for cloud, slices in view.timeline.items():
+        blocks = []
+        for s in slices:
+            segs = "".join(
+                f"<div class='seg' style='width:{600 * sec / longest:.1f}px;background:{color}' title='{part} {sec:.2f} s'></div>"
+                for (part, color), sec in zip(PARTS, (s.compute_s, s.comm_s, s.wait_s)))
+            blocks.append(f"<div class='round' title='round {s.round}: {s.total_s:.2f} s'>{segs}</div>")
+        lanes.append(f"<div class='lane'><div class='name'>{escape(cloud)}</div><div class='bar'>{''.join(blocks)}</div></div>")
+    legend = "<div class='legend'>" + "".join(f"<span style='background:{c}'></span>{p}" for p, c in PARTS) + "</div>"
+    rows = [[escape(cloud), str(s.round), f"{s.compute_s:.2f}", f"{s.comm_s:.2f}", f"{s.wait_s:.2f}", f"{s.total_s:.2f}"]
+            for cloud, slices in view.timeline.items() for s in slices]
+    return (legend + "<div id='timeline'>" + "".join(lanes) + "</div>"
+            + _table(["cloud", "round", "compute s", "communication s", "waiting s", "total s"], rows, numeric={1, 2, 3, 4, 5}))
+
+
+def _run_view(dag_id: str, run_id: str) -> str:
+    from crosscloud.federation import load_federation
+    from crosscloud.runview import find_tenant, load_run
+
+    fed = load_federation()
+    tenant = find_tenant(fed, run_id)
+    if tenant is None:
+        raise HTTPException(404, f"DAG run {run_id} of {dag_id} has no crosscloud plan (it was not admitted, or is not a training run)")
+    v = load_run(fed, tenant, run_id)
+    m, b = v.metrics, v.baseline
+    batch = sum(c["share"] for c in v.clouds)
+    plan = _table(["cloud", "accelerator", "devices", "share of the global batch", "access"],
+                  [[escape(c["name"]), escape(c["accelerator"]), str(c["devices"]), f"{c['share']}/{batch}", escape(c["method"])]
+                   for c in v.clouds], numeric={2})
+    why = _table(["cloud / pool", "verdict", "why"],
+                 [[escape(f"{c['cloud']}/{c['accelerator']}"), "<b class='ok'>chosen</b>" if c["chosen"] else "not chosen",
+                   escape(c["reason"])] for c in v.candidates])
+    numbers = [
+        ["rounds", f"<span id='rounds-done'>{v.rounds_done}</span>/{v.rounds} ({escape(v.state)})"],
+        ["eval loss", f"{_fmt(m.get('eval_loss_start'), '.4f')} at start -> <span id='final-eval-loss'>"
+                      f"{_fmt(m.get('final_eval_loss', v.eval_loss[-1] if v.eval_loss else None), '.4f')}</span>"],
+        ["iteration time", _fmt(m["iteration_time_s"] * 1000 if m.get("iteration_time_s") else None, ".1f", " ms/step")],
+        ["single-cluster baseline", f"{_fmt(b['iteration_time_s'] * 1000, '.1f', ' ms/step')} (run {escape(b['run_id'])}, {escape(b['source'])})"
+                                    if b else "<span class='muted'>none</span>"],
+        ["iteration-time gap", f"<span id='gap'>{_fmt(m.get('iteration_time_gap_pct'), '+.2f', ' %')}</span>"],
+        ["cost / energy", f"{_fmt(m.get('cost'), '.4f')} / {_fmt(m.get('energy_kwh'), '.5f', ' kWh')}"],
+        ["MLflow", _mlflow_link(v.tracking)],
+    ]
+    return (
+        f"<h1>run <span id='run-id'>{escape(run_id)}</span></h1>"
+        f"<p class='muted'>DAG {escape(dag_id)}, tenant {escape(tenant)}, mode {escape(v.mode)} - "
+        f"<a href='../../'>global compute view</a></p>"
+        + _table(["figure", "value"], numbers)
+        + "<h2>Plan: clouds and shares</h2>" + plan
+        + "<h2>Why these clouds</h2>" + why
+        + "<h2>Rounds per cloud: compute / communication / waiting</h2>" + _timeline(v)
+    )
+
+
+@app.get("/", response_class=HTMLResponse,
+         dependencies=[Depends(requires_access_dag("GET", DagAccessEntity.RUN, param_dag_id=TRAINING_DAG))])
+def compute_page() -> HTMLResponse:
+    """The global compute view: clouds, pools, prices, tenants, runs."""
+    return _page("crosscloud: global compute", _compute_view())
+
+
+@app.get("/runs/{dag_id}/{run_id}", response_class=HTMLResponse,
+         dependencies=[Depends(requires_access_dag("GET", DagAccessEntity.RUN))])
+def run_page(dag_id: str, run_id: str) -> HTMLResponse:
+    """One DAG run: plan, why each cloud, rounds per cloud, the gap, the MLflow run."""
+    return _page(f"crosscloud run {run_id}", _run_view(dag_id, run_id))

@@ -1,0 +1,118 @@
+"""A real ``airflow standalone`` for the browser tests: own AIRFLOW_HOME, state folder and free port.
+
+It runs the api-server, scheduler, dag-processor and triggerer of this
+checkout's DAGs and plugins, with the SimpleAuthManager's ``admin`` user and a
+password written before start. With ``CI=true`` a server that cannot start
+fails the test; elsewhere the test is skipped with the reason.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+from s3servers import free_port
+
+
+def unavailable(message: str) -> None:
+    """Fail under CI (nothing may be skipped there), skip elsewhere."""
+    if os.environ.get("CI") == "true":
+        pytest.fail(message)
+    pytest.skip(message)
+
+
+class AirflowStandalone:
+    def __init__(self, root: Path):
+        self.root = root
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.home = root / "airflow"
+        self.state = root / "state"
+        self.data = root / "data"  # CROSSCLOUD_DATA_DIR: the test puts its price files and power sweep here
+        self.log = root / "standalone.log"
+        self.password = secrets.token_urlsafe(12)
+        self.proc: subprocess.Popen | None = None
+        self._token: str | None = None
+
+    def env(self) -> dict[str, str]:
+        env = os.environ.copy()
+        env.update({
+            "PATH": f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}",  # standalone starts `airflow ...`
+            "AIRFLOW_HOME": str(self.home),
+            "CROSSCLOUD_STATE_DIR": str(self.state),
+            "CROSSCLOUD_DATA_DIR": str(self.data),
+            "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": f"sqlite:///{self.home / 'airflow.db'}",
+            "AIRFLOW__API__PORT": str(self.port),
+            "AIRFLOW__API__BASE_URL": self.url,
+            "AIRFLOW__CORE__EXECUTION_API_SERVER_URL": f"{self.url}/execution/",
+            "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS": "admin:admin",
+            "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_PASSWORDS_FILE": str(self.home / "passwords.json"),
+            "MLFLOW_TRACKING_URI": f"sqlite:///{self.state / 'mlflow.db'}",
+            "CROSSCLOUD_MLFLOW_ARTIFACTS": (self.state / "mlartifacts").as_uri(),
+        })
+        return env
+
+    def start(self, timeout_s: float = 240.0) -> None:
+        self.home.mkdir(parents=True)
+        self.state.mkdir(parents=True)
+        (self.home / "passwords.json").write_text(json.dumps({"admin": self.password}))
+        airflow = str(Path(sys.executable).with_name("airflow"))
+        with open(self.log, "wb") as log:
+            self.proc = subprocess.Popen([airflow, "standalone"], env=self.env(), stdout=log, stderr=subprocess.STDOUT,
+                                         start_new_session=True)
+        deadline = time.time() + timeout_s
+        while time.time() < deadline and self.proc.poll() is None:
+            try:
+                if httpx.get(f"{self.url}/api/v2/monitor/health", timeout=2).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                pass
+            time.sleep(1)
+        unavailable(f"airflow standalone did not serve {self.url} within {timeout_s:.0f} s; see {self.log}")
+
+    def stop(self) -> None:
+        if self.proc and self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait()
+
+    def token(self) -> str:
+        if self._token is None:
+            r = httpx.post(f"{self.url}/auth/token", json={"username": "admin", "password": self.password}, timeout=30)
+            r.raise_for_status()
+            self._token = r.json()["access_token"]
+        return self._token
+
+    def api(self, method: str, path: str, **kwargs) -> httpx.Response:
+        return httpx.request(method, f"{self.url}/api/v2{path}", headers={"Authorization": f"Bearer {self.token()}"},
+                             timeout=30, **kwargs)
+
+    def run_dag(self, dag_id: str, conf: dict, timeout_s: float = 900.0) -> dict:
+        """Unpause ``dag_id`` once the dag-processor has it (the other DAGs stay paused), trigger it, wait for the end."""
+        deadline = time.time() + timeout_s
+        while self.api("GET", f"/dags/{dag_id}").status_code != 200:
+            if time.time() > deadline:
+                raise AssertionError(f"DAG {dag_id} never appeared; see {self.log}")
+            time.sleep(2)
+        self.api("PATCH", f"/dags/{dag_id}", json={"is_paused": False}).raise_for_status()
+        r = self.api("POST", f"/dags/{dag_id}/dagRuns", json={"logical_date": None, "conf": conf})
+        r.raise_for_status()
+        run_id = r.json()["dag_run_id"]
+        while time.time() < deadline:
+            run = self.api("GET", f"/dags/{dag_id}/dagRuns/{run_id}").json()
+            if run["state"] in ("success", "failed"):
+                return run
+            time.sleep(3)
+        raise AssertionError(f"run {run_id} of {dag_id} did not end within {timeout_s:.0f} s; see {self.log}")
