@@ -11,8 +11,14 @@ Scenario (defaults; every one is an argument):
   and hour (``PriceGapError``).
 * **Training jobs**: the Philly-derived Gavel traces (VCs 6214e9, 6c71a0,
   b436b2, ee9e8c, 11cb48). Each VC's arrival times are scaled from its own
-  span onto the week; jobs running longer than ``--max-runtime-h`` (48 h) on a
-  V100 are left out (a week cannot hold them; the share left out is printed);
+  span onto the week (``--arrivals span``; the traces are back-loaded -- in
+  6214e9, 90 % of the jobs arrive in the last 13 % of its span -- so most of
+  the week's work arrives in its last two days, where the offered load
+  exceeds the capacity: the peak-day load is printed), or its jobs arrive
+  evenly in their arrival order (``--arrivals rank``: the same jobs and mix at
+  a steady rate, so ``--load`` holds every day); jobs running longer than
+  ``--max-runtime-h`` (48 h) on a V100 are left out (a week cannot hold them;
+  the share left out is printed);
   from the rest, ``--jobs`` are taken evenly in arrival order. Job *i* gets home
   cloud ``i mod clouds``, is **deferrable** when ``(37 i) mod 100 <
   100 x --deferrable-frac`` (deadline = arrival + run time + ``--slack-h`` 24 h),
@@ -102,6 +108,8 @@ def parse_args(argv):
     p.add_argument("--request-device-s", type=float, default=1.8)
     p.add_argument("--batch-slack-h", type=int, default=24)
     p.add_argument("--load", type=float, default=0.6, help="offered load of each cloud")
+    p.add_argument("--arrivals", choices=("span", "rank"), default="span",
+                   help="arrival times: each VC's span scaled onto the week, or its jobs evenly in arrival order")
     p.add_argument("--accelerator", default="v100")
     p.add_argument("--pue", type=float, default=1.2)
     p.add_argument("--rental", type=float, default=2.0)
@@ -119,13 +127,14 @@ def build_jobs(args, clouds, week_h, thr):
     for vc in args.vcs.split(","):
         tj = read_trace(traces / f"{vc}.trace")
         span = max(j.arrival_s for j in tj) or 1.0
+        rank = {k: r / len(tj) for r, k in enumerate(sorted(range(len(tj)), key=lambda k: (tj[k].arrival_s, k)))}
         for k, j in enumerate(tj):
             total += 1
             rt = j.runtime_s(thr, args.accelerator) / 3600
             if rt > args.max_runtime_h:
                 dropped += 1
                 continue
-            pool.append((j.arrival_s / span, vc, k, j.num_gpus, rt))
+            pool.append((rank[k] if args.arrivals == "rank" else j.arrival_s / span, vc, k, j.num_gpus, rt))
     pool.sort()
     n = min(args.jobs, len(pool))
     picked = [pool[math.floor(i * len(pool) / n)] for i in range(n)]
@@ -204,9 +213,15 @@ def main(argv=None) -> int:
           f"(+{args.slack_h:g} h), {sum(len(j.allowed) < len(clouds) for j in jobs)} resident")
     print(f"batch inference: {len(batches)} batches x {args.requests} requests x {args.request_device_s:g} device-s "
           f"= {sum(b.device_hours for b in batches):.0f} device-h, deadline +{args.batch_slack_h} h")
-    print(f"{'cloud':<14}{'region':<13}{'jur.':<5}{'devices':>8}{'offered load':>14}{'mean price':>12}")
+    # the busiest 24 h: device-hours of the work homed at a cloud arriving in that day, over its devices x 24 h
+    arriving = {c.name: np.zeros(week_h) for c in clouds}
+    for w in [*jobs, *batches]:
+        arriving[w.home][w.arrival] += w.devices * w.runtime_h if isinstance(w, TrainingJob) else w.device_hours
+    peak = {k: np.convolve(v, np.ones(24), mode="valid").max() / 24 for k, v in arriving.items()}
+    print(f"{'cloud':<14}{'region':<13}{'jur.':<5}{'devices':>8}{'offered load':>14}{'peak day':>10}{'mean price':>12}")
     for c in clouds:
         print(f"{c.name:<14}{c.region:<13}{c.jurisdiction:<5}{c.devices:>8}{offered[c.name] / (c.devices * week_h):>14.2f}"
+              f"{peak[c.name] / c.devices:>10.2f}"
               f"{prices[c.region][:week_h].mean():>12.1f}")
 
     # forecast: lag chosen per region on the weeks before; error on the benchmark week

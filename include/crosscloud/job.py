@@ -44,6 +44,7 @@ class JobSpec:
     overlap: bool = True
     compression: Literal["int8", "none"] = "int8"
     adapt_shares: bool = False
+    follow_prices: bool = False  # between rounds, a dear cloud's share may move to cheaper ones (price_shares)
 
     def __post_init__(self) -> None:
         checks = [

@@ -455,8 +455,7 @@ def optimum(jobs: Sequence[TrainingJob], batches: Sequence[BatchJob], clouds: Se
 def schedule_rolling(jobs: Sequence[TrainingJob], batches: Sequence[BatchJob], clouds: Sequence[CloudSpec], horizon: int,
                      view: PriceView, t0: int = 0, start_threshold: float = 0.5, miss_penalty: float = 1e3,
                      margin_h: int = 2, preempt: bool = True, preempt_overhead_h: float = 0.25,
-                     preempt_min_slack_h: float = 12.0, expect_urgent: bool = False, urgent_window_h: int = 24,
-                     deferrable_slack_h: float = 6.0, big_share: float = 0.5) -> Schedule:
+                     preempt_min_slack_h: float = 12.0, big_share: float = 0.5, hold_headroom: float = 0.25) -> Schedule:
     """The online price-aware policy as a rolling linear program (``policy="price-lp"`` of ``schedule``).
 
     Every hour ``now``, the work that has arrived and not started -- training
@@ -470,16 +469,22 @@ def schedule_rolling(jobs: Sequence[TrainingJob], batches: Sequence[BatchJob], c
     ``now`` is its last start that meets the deadline), if its devices are
     free for its whole run; the batches' device-hours planned for ``now`` run.
     Everything else waits for the next hour, when it is planned again with
-    what is known then. Work not started holds no devices, so urgent arrivals
-    are never blocked by deferrable work that has not started.
+    what is known then. Work not started holds no devices (but for the
+    holds below), so urgent arrivals are seldom blocked by deferrable work
+    that has not started.
 
-    With ``expect_urgent``, the LP also holds, in every later hour, the devices
-    that urgent work (slack < ``deferrable_slack_h``) still to arrive is
-    expected to keep busy: per residency group, the device-hours of its urgent
-    arrivals over the last ``urgent_window_h`` hours per hour (only the past is
-    used). With ``preempt``, a job that must start now and finds no room may
-    pause running jobs whose deadlines leave at least ``preempt_min_slack_h``
-    of slack (they checkpoint; the rest of their run, plus
+    A job due soon (``now`` within ``margin_h`` of its last start that meets
+    the deadline) that the plan puts in a later hour has that (cloud, start)
+    reserved now, so that the cheap hour it waited for stays its own, if that
+    leaves ``hold_headroom`` of the cloud's devices free in those hours for
+    urgent work still to come; otherwise (and when the plan says now) it
+    starts now. Starting every such job ``margin_h`` before its last start
+    gave up the cheapest hours of most deferrable jobs (the LP tends to plan
+    them at the end of their windows); holding them all filled the cheap
+    hours so that urgent arrivals missed their deadlines. With
+    ``preempt``, a job that must start now and finds no room may pause
+    running jobs whose deadlines leave at least ``preempt_min_slack_h`` of
+    slack (they checkpoint; the rest of their run, plus
     ``preempt_overhead_h`` of redone work, is planned again like new work).
     Paused jobs run in two or more pieces, which the contiguous-start LP of
     ``optimum`` does not model; pauses are few and cost the redone work.
@@ -568,19 +573,14 @@ def schedule_rolling(jobs: Sequence[TrainingJob], batches: Sequence[BatchJob], c
         return True
 
     pending_extra: list[TrainingJob] = []
-    urgent_log: list[tuple[int, float, frozenset | None]] = []
     for now in range(first, horizon):
         pending.extend(pending_extra)
         pending_extra.clear()
         while ji < len(arrivals) and jobs[arrivals[ji]].arrival <= now:
             j = jobs[arrivals[ji]]
-            if reserve_big(j, now):
-                ji += 1
-                continue
-            pending.append(j)
-            if j.deadline - j.arrival - j.runtime_h < deferrable_slack_h:
-                urgent_log.append((j.arrival, j.devices * j.runtime_h, j.allowed))
             ji += 1
+            if not reserve_big(j, now):
+                pending.append(j)
         while bi < len(b_arrivals) and batches[b_arrivals[bi]].arrival <= now:
             remaining[b_arrivals[bi]] = batches[b_arrivals[bi]].device_hours
             bi += 1
@@ -638,31 +638,6 @@ def schedule_rolling(jobs: Sequence[TrainingJob], batches: Sequence[BatchJob], c
             eq_c.append(v)
             var_job.append((-1 - b, -1, -1))
             b_eq.append(remaining[b])
-        if expect_urgent:
-            # expected urgent work still to arrive: per residency group, the devices its urgent
-            # arrivals of the last ``urgent_window_h`` hours keep busy on average (Little's law:
-            # device-hours arriving per hour), held on the cheapest allowed clouds in every later hour
-            groups: dict[frozenset | None, float] = {}
-            for a, dh, allowed in urgent_log:
-                if now - urgent_window_h <= a < now:
-                    groups[allowed] = groups.get(allowed, 0.0) + dh / urgent_window_h
-            for allowed, load in groups.items():
-                for t in range(1, span):
-                    for c in _allowed(clouds, allowed):
-                        v = len(cost)
-                        cost.append(rates[c, t])
-                        rows.append(c * span + t)
-                        cols.append(v)
-                        vals.append(1.0)
-                        eq_r.append(len(b_eq))
-                        eq_c.append(v)
-                        var_job.append((-10**9, c, t))
-                    v = len(cost)
-                    cost.append(miss_penalty * 0.1)
-                    eq_r.append(len(b_eq))
-                    eq_c.append(v)
-                    var_job.append((-10**9, -1, -1))
-                    b_eq.append(load)
         n = len(cost)
         a_ub = coo_matrix((vals, (rows, cols)), shape=(nC * span, n)).tocsr()
         a_eq = coo_matrix((np.ones(len(eq_c)), (eq_r, eq_c)), shape=(len(b_eq), n)).tocsr()
@@ -670,9 +645,12 @@ def schedule_rolling(jobs: Sequence[TrainingJob], batches: Sequence[BatchJob], c
                       bounds=(0, None), method="highs")
         x = res.x if res.status == 0 else np.zeros(n)
         share_now: dict[int, np.ndarray] = {}
+        planned: dict[int, tuple[float, int, int]] = {}  # pending job -> its largest (share, cloud, start offset)
         batch_now: list[tuple[int, int, float]] = []
         for v, (owner, c, s) in enumerate(var_job):
-            if c < 0 or s != 0 or x[v] <= 1e-9 or owner == -10**9:
+            if owner >= 0 and c >= 0 and x[v] > planned.get(owner, (1e-9,))[0]:
+                planned[owner] = (x[v], c, s)
+            if c < 0 or s != 0 or x[v] <= 1e-9:
                 continue
             if owner >= 0:
                 share_now.setdefault(owner, np.zeros(nC))[c] += x[v]
@@ -701,6 +679,15 @@ def schedule_rolling(jobs: Sequence[TrainingJob], batches: Sequence[BatchJob], c
             if not must and (sh is None or sh.sum() < start_threshold):
                 still.append(job)
                 continue
+            if (sh is None or sh.sum() < start_threshold) and pj in planned and planned[pj][2] > 0:
+                # due soon but planned for a later (cheaper) hour: reserve that hour rather than start now
+                _, c, later = planned[pj]
+                if cal.feasible_starts(c, now + later, now + later, job.devices, occ, 1.0 - hold_headroom):
+                    cal.reserve(c, now + later, job.devices, occ)
+                    placed.append(Placement(job.name, clouds[c].name, now + later, job.devices * job.runtime_h,
+                                            now + later + job.runtime_h, job.devices))
+                    running[job.name] = (placed[-1], job, c)
+                    continue
             prefs = list(np.argsort(-sh)) if sh is not None else []
             cands = _allowed(clouds, job.allowed)
             rest = sorted((c for c in cands if c not in prefs), key=lambda c: _window_cost(rates[c], occ)[0] if len(occ) <= span else 0)

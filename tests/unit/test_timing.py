@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from crosscloud.timing import BatchJob, CloudSpec, TrainingJob, account, optimum, schedule
+from crosscloud.timing import BatchJob, CloudSpec, TrainingJob, account, optimum, schedule, schedule_rolling
 
 H = 24
 
@@ -131,3 +131,16 @@ def test_rolling_lp_pauses_deferrable_work_for_an_urgent_job():
         occ = np.ones(int(np.ceil(pl.end - pl.start - 1e-9)))
         busy[pl.start:pl.start + len(occ)] += pl.devices * occ
     assert busy.max() <= 3 + 1e-9
+
+
+def test_rolling_lp_holds_the_cheap_hour_of_a_job_due_soon_unless_that_leaves_too_little_room():
+    p = [100.0] * H
+    p[10] = 1.0  # the one cheap hour: the job's last start that meets its deadline
+    prices = _prices(A=p)
+    clouds = [CloudSpec("a", "A", 5)]
+    job = TrainingJob("defer", 2, 1.0, arrival=0, deadline=11.0)
+    held = schedule_rolling([job], [], clouds, H, _view(prices))
+    assert [(pl.start, pl.end) for pl in held.placements] == [(10, 11.0)] and not held.misses
+    # keeping 70 % of the cloud free for urgent work: no hold, it starts when it is due (margin_h before)
+    early = schedule_rolling([job], [], clouds, H, _view(prices), hold_headroom=0.7)
+    assert [pl.start for pl in early.placements] == [8]
