@@ -206,14 +206,14 @@ def membership_state(cloud: Cloud, member: Membership | None) -> tuple[str, str,
     return state, health, refuses
 
 
-def cluster_free(cloud: Cloud, accelerator: str) -> tuple[int | None, str]:
-    """(free devices, note) of a kubernetes cloud's pool, asked of its cluster's API now."""
+def clusters_free(cloud: Cloud) -> tuple[dict[str, int], str]:
+    """({accelerator: free devices}, note) of a kubernetes cloud's pools, asked of its cluster's API now."""
     from crosscloud.backends.kubernetes import KubernetesBackend
 
     try:
-        return KubernetesBackend().free(cloud, accelerator), ""
+        return KubernetesBackend().free(cloud), ""
     except Exception as exc:  # noqa: BLE001 - an unreachable cluster is shown, not fatal to the view
-        return None, f"cluster not asked: {type(exc).__name__}: {str(exc)[:200]}"
+        return {}, f"cluster not asked: {type(exc).__name__}: {str(exc)[:200]}"
 
 
 def collect(fed: Federation, ledger: Ledger | None = None, tenant: str | None = None, usage: Usage | None = None,
@@ -233,15 +233,15 @@ def collect(fed: Federation, ledger: Ledger | None = None, tenant: str | None = 
     for c in fed.clouds:
         state, health, refuses = membership_state(c, members.get(c.name))
         mwh, hour, note = electricity_now(c) if electricity else (None, "", "not read")
+        free_now, why = clusters_free(c) if clusters and c.access.method == "kubernetes" else ({}, "")
         pools = []
         for p in c.pools:
-            free_now, why = cluster_free(c, p.accelerator) if clusters and c.access.method == "kubernetes" else (None, "")
             pools.append(PoolView(
                 p.accelerator, p.count, usage.pool(c.name, p.accelerator), running.get(c.name, {}).get(p.accelerator, 0),
                 p.price_per_device_hour, dict(p.throughput),
                 tuple(sorted({i.family for i in fed.images if i.accelerator == p.accelerator})),
                 mwh, hour, p.power_w, c.grid.pue if c.grid else None, note, memory_gb=p.memory_gb,
-                cluster_free=free_now, cluster_note=why,
+                cluster_free=free_now.get(p.accelerator), cluster_note=why,
             ))
         clouds.append(CloudView(c.name, c.role, c.jurisdiction, c.region, c.access.method, state, health, refuses, pools))
     reservations = ledger.active(tenant)

@@ -328,9 +328,14 @@ def test_inventory_shows_what_the_cluster_has_free(recorded_api_server, ledger):
     from crosscloud.inventory import collect
 
     url, asked = recorded_api_server
+    raw = yaml.safe_load(REMOTE.read_text())
+    wuhan = next(c for c in raw["clouds"] if c["name"] == "wuhan")
+    wuhan["pools"].append({"accelerator": "nvidia-h100", "count": 8, "power_w": 700, "price_per_device_hour": 3.0,
+                           "kubernetes": {"node_selector": {"nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3"}}})
+    fed = parse_federation(raw)
     set_client_factory(lambda access: ApiClient(Configuration(host=url)))
     try:
-        inv = collect(load_federation(REMOTE), ledger)
+        inv = collect(fed, ledger)
     finally:
         set_client_factory(None)
     a100 = next(p for p in inv.cloud("wuhan").pools if p.accelerator == "nvidia-a100")
@@ -338,11 +343,16 @@ def test_inventory_shows_what_the_cluster_has_free(recorded_api_server, ledger):
     # crosscloud offers no more than the cluster has
     assert a100.cluster_free == 10 and a100.free == min(a100.total, 10)
     assert any("labelSelector=nvidia.com%2Fgpu.product%3DNVIDIA-A100-SXM4-80GB" in q for q in asked)
+    h100 = next(p for p in inv.cloud("wuhan").pools if p.accelerator == "nvidia-h100")
+    assert h100.cluster_free == 0 and h100.free == 0  # the recorded H100 node is full
+    # one pod list per cloud, whatever its number of pools; one node list per pool (its selector)
+    assert sum(q.startswith("/api/v1/pods") for q in asked) == 3
+    assert sum(q.startswith("/api/v1/nodes") for q in asked) == 4
     assert "wuhan/nvidia-a100: the cluster has 10 free" in inv.format()
     assert inv.to_dict()["clouds"][[c.name for c in inv.clouds].index("wuhan")]["pools"][0]["cluster_free"] is not None
     # clouds of other access methods are not asked; admission never asks (no API call inside the ledger lock)
     assert all(p.cluster_free is None for c in inv.clouds if c.method != "kubernetes" for p in c.pools)
-    assert all(p.cluster_free is None for c in collect(load_federation(REMOTE), ledger, clusters=False).clouds for p in c.pools)
+    assert all(p.cluster_free is None for c in collect(fed, ledger, clusters=False).clouds for p in c.pools)
 
 
 def test_an_unreachable_cluster_is_shown_not_fatal(ledger):

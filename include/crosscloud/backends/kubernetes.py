@@ -382,12 +382,17 @@ class KubernetesBackend(Backend):
     def used_devices(self) -> dict[str, dict[str, int]]:
         raise SubTaskError("kubernetes clouds report capacity per cloud (free_devices over their nodes and pods)")
 
-    def free(self, cloud: Cloud, accelerator: str) -> int:
-        """Free devices of ``cloud``'s pool now: allocatable minus requested, from the cluster's API."""
-        pool = PoolRequest.of(cloud, accelerator)
-        resource = pool.resource or "cpu"
+    def free(self, cloud: Cloud) -> dict[str, int]:
+        """Free devices of each of ``cloud``'s pools now: allocatable minus requested, from the cluster's API.
+
+        The cluster's unfinished pods are listed once for all pools; nodes per pool, by its selector.
+        """
         _, core = self._apis(cloud.access.model_dump())
         api = core.api_client
-        nodes = api.sanitize_for_serialization(core.list_node(label_selector=",".join(f"{k}={v}" for k, v in pool.node_selector.items()) or None))
         pods = api.sanitize_for_serialization(core.list_pod_for_all_namespaces(field_selector="status.phase!=Succeeded,status.phase!=Failed"))
-        return free_devices(nodes["items"], pods["items"], resource, pool.node_selector)
+        free = {}
+        for p in cloud.pools:
+            pool = PoolRequest.of(cloud, p.accelerator)
+            nodes = api.sanitize_for_serialization(core.list_node(label_selector=",".join(f"{k}={v}" for k, v in pool.node_selector.items()) or None))
+            free[p.accelerator] = free_devices(nodes["items"], pods["items"], pool.resource or "cpu", pool.node_selector)
+        return free
