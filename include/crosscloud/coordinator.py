@@ -140,11 +140,12 @@ class Coordinator:
         self.relay_logs()
         return f"sub-task is {state} before committing its round (see its log above)"
 
-    def lose(self, cloud: str, round_: int, why: str) -> None:
-        """Stop a lost cloud's sub-task (a late commit would no longer be read) and say so."""
-        self.log(f"round {round_}: cloud {cloud} lost: {why}; the round goes on with the other clouds")
-        if cloud in self.handles:
-            self.backends[cloud].stop(self.handles[cloud])
+    def lose(self, clouds: dict[str, str], round_: int) -> None:
+        """Stop each lost cloud's sub-task (a late commit would no longer be read) and say why."""
+        for cloud, why in clouds.items():
+            self.log(f"round {round_}: cloud {cloud} lost: {why}; the round goes on with the other clouds")
+            if cloud in self.handles:
+                self.backends[cloud].stop(self.handles[cloud])
 
     def wait_for_deltas(self, round_: int, clouds: list[str], patience: float) -> tuple[dict[str, dict], dict[str, str]]:
         """Commits of ``clouds`` for ``round_``, and the clouds lost on the way with why.
@@ -250,15 +251,13 @@ class Coordinator:
         missing = {c: s for c, s in self.stores.items() if c not in lost and read_commit(s, plan.keys.global_step(start)) is None}
         if missing:  # re-publish a round a crash left half-published
             unreachable = publish_global(missing, self.home, plan, start, _global_objects(params, momentum), meta)
-            for cloud, why in unreachable.items():
-                self.lose(cloud, start, why)
+            self.lose(unreachable, start)
             lost.update(unreachable)
         published_at = meta["published_at"]
         for r in range(start, spec.rounds):
             active = [c.name for c in plan.clouds if c.name not in lost]
             commits, gone = self.wait_for_deltas(r, active, patience_s(history, spec.round_timeout_s))
-            for cloud, why in gone.items():
-                self.lose(cloud, r, why)
+            self.lose(gone, r)
             t_sync = time.perf_counter()
             shares = self.shares_of_round(r, home)
             deltas, refused = screen(self.stores, commits, params, shares)
@@ -280,8 +279,7 @@ class Coordinator:
             }
             record.update(self.next_round(shares, record["clouds"], home, frozenset(lost)))
             unreachable = publish_global(self.stores, self.home, plan, r + 1, _global_objects(params, momentum), meta=record)
-            for cloud, why in unreachable.items():
-                self.lose(cloud, r, why)
+            self.lose(unreachable, r)
             record["lost"] = {**gone, **unreachable}
             lost.update(unreachable)
             record["sync_s"] = time.perf_counter() - t_sync
