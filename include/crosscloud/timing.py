@@ -455,7 +455,8 @@ def optimum(jobs: Sequence[TrainingJob], batches: Sequence[BatchJob], clouds: Se
 def schedule_rolling(jobs: Sequence[TrainingJob], batches: Sequence[BatchJob], clouds: Sequence[CloudSpec], horizon: int,
                      view: PriceView, t0: int = 0, start_threshold: float = 0.5, miss_penalty: float = 1e3,
                      margin_h: int = 2, preempt: bool = True, preempt_overhead_h: float = 0.25,
-                     preempt_min_slack_h: float = 12.0, big_share: float = 0.5, hold_headroom: float = 0.25) -> Schedule:
+                     preempt_min_slack_h: float = 12.0, big_share: float = 0.5, hold_headroom: float = 0.25,
+                     milp_time_limit_s: float = 10.0) -> Schedule:
     """The online price-aware policy as a rolling linear program (``policy="price-lp"`` of ``schedule``).
 
     Every hour ``now``, the work that has arrived and not started -- training
@@ -463,11 +464,15 @@ def schedule_rolling(jobs: Sequence[TrainingJob], batches: Sequence[BatchJob], c
     ``now`` on, with the prices a decision at ``now`` sees (``view``: day-ahead
     prices already published, a forecast beyond), the devices left by the work
     already started, and the deadlines (each job may also stay unserved at a
-    large penalty, so the LP is always feasible). Only the plan for ``now`` is
-    carried out: a training job starts now on the cloud the LP gives most of
-    it at ``now`` when that share is at least ``start_threshold`` (or when
-    ``now`` is its last start that meets the deadline), if its devices are
-    free for its whole run; the batches' device-hours planned for ``now`` run.
+    large penalty, so the LP is always feasible). The starts at ``now`` are
+    whole (a mixed-integer program: a job starts now on one cloud or not at
+    all, within the free devices; later hours stay fractional), because a
+    relaxed plan splits jobs over the cheap devices and rounding it started
+    the remainder on dearer clouds. Only the plan for ``now`` is carried out:
+    a training job starts now on the cloud the plan gives it at ``now`` (a
+    job not yet due never on another one), or, when it is due, on the
+    cheapest cloud where it fits; the batches' device-hours planned for
+    ``now`` run.
     Everything else waits for the next hour, when it is planned again with
     what is known then. Work not started holds no devices (but for the
     holds below), so urgent arrivals are seldom blocked by deferrable work
@@ -477,8 +482,10 @@ def schedule_rolling(jobs: Sequence[TrainingJob], batches: Sequence[BatchJob], c
     the deadline) that the plan puts in a later hour has that (cloud, start)
     reserved now, so that the cheap hour it waited for stays its own, if that
     leaves ``hold_headroom`` of the cloud's devices free in those hours for
-    urgent work still to come; otherwise (and when the plan says now) it
-    starts now. Starting every such job ``margin_h`` before its last start
+    urgent work still to come; otherwise it takes the cheapest of starting
+    now and holding another start before its last one that leaves that
+    room (``milp_time_limit_s`` bounds each hour's solve; past it, the
+    relaxation's plan is used). Starting every such job ``margin_h`` before its last start
     gave up the cheapest hours of most deferrable jobs (the LP tends to plan
     them at the end of their windows); holding them all filled the cheap
     hours so that urgent arrivals missed their deadlines. With
@@ -496,7 +503,7 @@ def schedule_rolling(jobs: Sequence[TrainingJob], batches: Sequence[BatchJob], c
     arrival instead, at the (cloud, start) of least expected cost before its
     deadline where its devices are free, and that reservation is kept.
     """
-    from scipy.optimize import linprog
+    from scipy.optimize import Bounds, LinearConstraint, linprog, milp
     from scipy.sparse import coo_matrix
 
     nC = len(clouds)
@@ -549,6 +556,21 @@ def schedule_rolling(jobs: Sequence[TrainingJob], batches: Sequence[BatchJob], c
                                                  other.allowed, other.home))
             return c
         return None
+
+    def _cheapest_slot(job: TrainingJob, occ: np.ndarray, now: int, last_ok: int, rates: np.ndarray) -> tuple[int, int] | None:
+        """(cloud, start) of least expected cost: now where the devices are free, or a later start by
+        ``last_ok`` that leaves ``hold_headroom`` free."""
+        best = None
+        for c in _allowed(clouds, job.allowed):
+            if len(occ) > rates.shape[1]:
+                continue
+            wc = _window_cost(rates[c], occ)
+            starts = ([now] if cal.fits(c, now, job.devices, occ) else []) + cal.feasible_starts(
+                c, now + 1, min(last_ok, now + len(wc) - 1), job.devices, occ, 1.0 - hold_headroom)
+            for st in starts:
+                if best is None or wc[st - now] < best[0]:
+                    best = (wc[st - now], c, st)
+        return None if best is None else best[1:]
 
     def reserve_big(job: TrainingJob, now: int) -> bool:
         cands = _allowed(clouds, job.allowed)
@@ -641,9 +663,16 @@ def schedule_rolling(jobs: Sequence[TrainingJob], batches: Sequence[BatchJob], c
         n = len(cost)
         a_ub = coo_matrix((vals, (rows, cols)), shape=(nC * span, n)).tocsr()
         a_eq = coo_matrix((np.ones(len(eq_c)), (eq_r, eq_c)), shape=(len(b_eq), n)).tocsr()
-        res = linprog(np.asarray(cost), A_ub=a_ub, b_ub=free.reshape(-1), A_eq=a_eq, b_eq=np.asarray(b_eq),
-                      bounds=(0, None), method="highs")
-        x = res.x if res.status == 0 else np.zeros(n)
+        # this hour's starts are whole (a job starts now on one cloud, or not); the future stays fractional
+        now_starts = np.array([owner >= 0 and c >= 0 and s == 0 for owner, c, s in var_job], dtype=int)
+        res = milp(np.asarray(cost), integrality=now_starts, bounds=Bounds(0, np.inf),
+                   constraints=[LinearConstraint(a_ub, -np.inf, free.reshape(-1)),
+                                LinearConstraint(a_eq, np.asarray(b_eq), np.asarray(b_eq))],
+                   options={"time_limit": milp_time_limit_s, "mip_rel_gap": 1e-3})
+        if res.x is None:  # no whole solution in time: the relaxation's plan, rounded below
+            res = linprog(np.asarray(cost), A_ub=a_ub, b_ub=free.reshape(-1), A_eq=a_eq, b_eq=np.asarray(b_eq),
+                          bounds=(0, None), method="highs")
+        x = res.x if res.x is not None else np.zeros(n)
         share_now: dict[int, np.ndarray] = {}
         planned: dict[int, tuple[float, int, int]] = {}  # pending job -> its largest (share, cloud, start offset)
         batch_now: list[tuple[int, int, float]] = []
@@ -688,11 +717,21 @@ def schedule_rolling(jobs: Sequence[TrainingJob], batches: Sequence[BatchJob], c
                                             now + later + job.runtime_h, job.devices))
                     running[job.name] = (placed[-1], job, c)
                     continue
-            prefs = list(np.argsort(-sh)) if sh is not None else []
+                # that slot is gone: the cheapest of starting now anywhere and holding another start in time
+                best = _cheapest_slot(job, occ, now, last_ok, rates)
+                if best is not None:
+                    c, st = best
+                    cal.reserve(c, st, job.devices, occ)
+                    placed.append(Placement(job.name, clouds[c].name, st, job.devices * job.runtime_h, st + job.runtime_h,
+                                            job.devices))
+                    running[job.name] = (placed[-1], job, c)
+                    continue
             cands = _allowed(clouds, job.allowed)
-            rest = sorted((c for c in cands if c not in prefs), key=lambda c: _window_cost(rates[c], occ)[0] if len(occ) <= span else 0)
+            # a job not yet due starts only where the plan puts it now; a due one anywhere, cheapest first
+            prefs = [int(c) for c in np.argsort(-sh) if sh[c] > 1e-9 and c in cands] if sh is not None else []
+            rest = sorted((c for c in cands if c not in prefs), key=lambda c: _window_cost(rates[c], occ)[0] if len(occ) <= span else 0) if must else []
             chosen = None
-            for c in [int(c) for c in prefs if c in cands] + rest:
+            for c in prefs + rest:
                 if cal.fits(c, now, job.devices, occ):
                     chosen = c
                     break

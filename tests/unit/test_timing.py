@@ -144,3 +144,28 @@ def test_rolling_lp_holds_the_cheap_hour_of_a_job_due_soon_unless_that_leaves_to
     # keeping 70 % of the cloud free for urgent work: no hold, it starts when it is due (margin_h before)
     early = schedule_rolling([job], [], clouds, H, _view(prices), hold_headroom=0.7)
     assert [pl.start for pl in early.placements] == [8]
+
+
+def test_rolling_lp_starts_whole_jobs_and_never_spills_a_planned_start_onto_a_dearer_cloud():
+    # a has room for one of the two jobs in its cheapest hour; the relaxation would give each 3/4 of it.
+    a = [100.0] * H
+    a[0:2] = [1.0, 2.0]
+    prices = _prices(A=a, B=[50.0] * H)
+    clouds = [CloudSpec("a", "A", 3), CloudSpec("b", "B", 5)]
+    jobs = [TrainingJob("j1", 2, 1.0, 0, 10.0), TrainingJob("j2", 2, 1.0, 0, 10.0)]
+    s = schedule_rolling(jobs, [], clouds, H, _view(prices))
+    assert not s.misses
+    assert sorted((pl.cloud, pl.start) for pl in s.placements) == [("a", 0), ("a", 1)]
+
+
+def test_rolling_lp_due_job_that_cannot_hold_its_planned_hour_takes_the_cheapest_slot_left():
+    # the plan's hour (a at 9) cannot be held: it would leave less than half of a free for urgent work.
+    # b's hour 8 keeps that room and is cheaper than starting at once (when the job falls due at 7).
+    a = [100.0] * H
+    a[9] = 1.0
+    prices = _prices(A=a, B=[100.0] * 8 + [20.0] + [100.0] * (H - 9))
+    clouds = [CloudSpec("a", "A", 2), CloudSpec("b", "B", 5)]
+    job = TrainingJob("defer", 2, 1.0, 0, 10.0)
+    s = schedule_rolling([job], [], clouds, H, _view(prices), hold_headroom=0.5)
+    assert not s.misses
+    assert [(pl.cloud, pl.start) for pl in s.placements] == [("b", 8)]
