@@ -557,6 +557,13 @@ def schedule_rolling(jobs: Sequence[TrainingJob], batches: Sequence[BatchJob], c
             return c
         return None
 
+    def _take(job: TrainingJob, c: int, st: int, occ: np.ndarray, kept: bool = False) -> None:
+        """Run (or hold) ``job`` on cloud ``c`` from ``st``; a ``kept`` reservation is never paused or released."""
+        cal.reserve(c, st, job.devices, occ)
+        placed.append(Placement(job.name, clouds[c].name, st, job.devices * job.runtime_h, st + job.runtime_h, job.devices))
+        if not kept:
+            running[job.name] = (placed[-1], job, c)
+
     def _cheapest_slot(job: TrainingJob, occ: np.ndarray, now: int, last_ok: int, rates: np.ndarray) -> tuple[int, int] | None:
         """(cloud, start) of least expected cost: now where the devices are free, or a later start by
         ``last_ok`` that leaves ``hold_headroom`` free."""
@@ -590,8 +597,7 @@ def schedule_rolling(jobs: Sequence[TrainingJob], batches: Sequence[BatchJob], c
         if best is None:
             return False  # planned hourly like the rest (and may pause others when it must start)
         _, c, st = best
-        cal.reserve(c, st, job.devices, occ)
-        placed.append(Placement(job.name, clouds[c].name, st, job.devices * job.runtime_h, st + job.runtime_h, job.devices))
+        _take(job, c, st, occ, kept=True)
         return True
 
     pending_extra: list[TrainingJob] = []
@@ -712,19 +718,12 @@ def schedule_rolling(jobs: Sequence[TrainingJob], batches: Sequence[BatchJob], c
                 # due soon but planned for a later (cheaper) hour: reserve that hour rather than start now
                 _, c, later = planned[pj]
                 if cal.feasible_starts(c, now + later, now + later, job.devices, occ, 1.0 - hold_headroom):
-                    cal.reserve(c, now + later, job.devices, occ)
-                    placed.append(Placement(job.name, clouds[c].name, now + later, job.devices * job.runtime_h,
-                                            now + later + job.runtime_h, job.devices))
-                    running[job.name] = (placed[-1], job, c)
+                    _take(job, c, now + later, occ)
                     continue
                 # that slot is gone: the cheapest of starting now anywhere and holding another start in time
                 best = _cheapest_slot(job, occ, now, last_ok, rates)
                 if best is not None:
-                    c, st = best
-                    cal.reserve(c, st, job.devices, occ)
-                    placed.append(Placement(job.name, clouds[c].name, st, job.devices * job.runtime_h, st + job.runtime_h,
-                                            job.devices))
-                    running[job.name] = (placed[-1], job, c)
+                    _take(job, *best, occ)
                     continue
             cands = _allowed(clouds, job.allowed)
             # a job not yet due starts only where the plan puts it now; a due one anywhere, cheapest first
@@ -747,9 +746,7 @@ def schedule_rolling(jobs: Sequence[TrainingJob], batches: Sequence[BatchJob], c
                         early = (c, st[0])
                 if early is not None:
                     c, st = early
-                    cal.reserve(c, st, job.devices, occ)
-                    placed.append(Placement(job.name, clouds[c].name, st, job.devices * job.runtime_h, st + job.runtime_h,
-                                            job.devices))
+                    _take(job, c, st, occ, kept=True)
                     if st + job.runtime_h > job.deadline + 1e-9 and job.name not in out.misses:
                         out.misses.append(job.name)
                     continue
@@ -758,9 +755,7 @@ def schedule_rolling(jobs: Sequence[TrainingJob], batches: Sequence[BatchJob], c
                     out.misses.append(job.name)
                 still.append(job)
                 continue
-            cal.reserve(chosen, now, job.devices, occ)
-            placed.append(Placement(job.name, clouds[chosen].name, now, job.devices * job.runtime_h, now + job.runtime_h, job.devices))
-            running[job.name] = (placed[-1], job, chosen)
+            _take(job, chosen, now, occ)
             if now + job.runtime_h > job.deadline + 1e-9 and job.name not in out.misses:
                 out.misses.append(job.name)
         pending = still
