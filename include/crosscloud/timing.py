@@ -126,6 +126,7 @@ def _allowed(clouds: Sequence[CloudSpec], allowed: frozenset[str] | None) -> lis
     return [i for i, c in enumerate(clouds) if allowed is None or c.name in allowed]
 
 
+_EXPECTED = -(10**9)  # owner of a plan's variables for work expected but not yet arrived: planned, never run
 PriceView = Callable[[str, int, int, int], Sequence[float]]  # (region, decision_hour, start, hours) -> USD/MWh
 
 
@@ -456,7 +457,7 @@ def schedule_rolling(jobs: Sequence[TrainingJob], batches: Sequence[BatchJob], c
                      view: PriceView, t0: int = 0, start_threshold: float = 0.5, miss_penalty: float = 1e3,
                      margin_h: int = 2, preempt: bool = True, preempt_overhead_h: float = 0.25,
                      preempt_min_slack_h: float = 12.0, big_share: float = 0.5, hold_headroom: float = 0.25,
-                     milp_time_limit_s: float = 10.0) -> Schedule:
+                     milp_time_limit_s: float = 10.0, expect_arrivals: bool = True) -> Schedule:
     """The online price-aware policy as a rolling linear program (``policy="price-lp"`` of ``schedule``).
 
     Every hour ``now``, the work that has arrived and not started -- training
@@ -474,7 +475,11 @@ def schedule_rolling(jobs: Sequence[TrainingJob], batches: Sequence[BatchJob], c
     cheapest cloud where it fits; the batches' device-hours planned for
     ``now`` run.
     Everything else waits for the next hour, when it is planned again with
-    what is known then. Work not started holds no devices (but for the
+    what is known then. With ``expect_arrivals``, the plan also holds the
+    work expected in the next 24 h, forecast seasonal-naively like the
+    prices (the training jobs that arrived in the last 24 h, a day later):
+    it is never run, but it keeps the room on the cheap clouds that urgent
+    arrivals will need, instead of filling them with work that could wait. Work not started holds no devices (but for the
     holds below), so urgent arrivals are seldom blocked by deferrable work
     that has not started.
 
@@ -601,12 +606,14 @@ def schedule_rolling(jobs: Sequence[TrainingJob], batches: Sequence[BatchJob], c
         return True
 
     pending_extra: list[TrainingJob] = []
+    seen: list[TrainingJob] = []
     for now in range(first, horizon):
         pending.extend(pending_extra)
         pending_extra.clear()
         while ji < len(arrivals) and jobs[arrivals[ji]].arrival <= now:
             j = jobs[arrivals[ji]]
             ji += 1
+            seen.append(j)
             if not reserve_big(j, now):
                 pending.append(j)
         while bi < len(b_arrivals) and batches[b_arrivals[bi]].arrival <= now:
@@ -624,14 +631,17 @@ def schedule_rolling(jobs: Sequence[TrainingJob], batches: Sequence[BatchJob], c
         free = np.maximum(cal.cap[:, None] - cal.used[:, now:], 0.0)
         cost, rows, cols, vals, eq_r, eq_c, b_eq = [], [], [], [], [], [], []
         var_job: list[tuple[int, int, int]] = []  # (pending index or -1-batch, cloud, start offset)
-        for pj, job in enumerate(pending):
+        # the work expected in the next 24 h (the jobs of the last 24 h, a day later) is planned too, never run
+        expected = [TrainingJob(j.name, j.devices, j.runtime_h, j.arrival + 24, j.deadline + 24, j.allowed, j.home)
+                    for j in seen if j.arrival + 24 > now] if expect_arrivals else []
+        for pj, job in [*enumerate(pending), *((_EXPECTED, j) for j in expected)]:
             occ = occupancy(job.runtime_h)
             last = min(math.floor(job.deadline - job.runtime_h + 1e-9), horizon - len(occ)) - now
             for c in _allowed(clouds, job.allowed):
                 if job.devices > clouds[c].devices + 1e-9 or last < 0:
                     continue
                 wc = _window_cost(rates[c], occ)
-                for s in range(0, last + 1):
+                for s in range(max(0, job.arrival - now), last + 1):
                     v = len(cost)
                     cost.append(job.devices * wc[s])
                     for k, o in enumerate(occ):

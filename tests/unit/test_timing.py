@@ -169,3 +169,24 @@ def test_rolling_lp_due_job_that_cannot_hold_its_planned_hour_takes_the_cheapest
     s = schedule_rolling([job], [], clouds, H, _view(prices), hold_headroom=0.5)
     assert not s.misses
     assert [(pl.cloud, pl.start) for pl in s.placements] == [("b", 8)]
+
+
+def test_rolling_lp_keeps_room_on_the_cheap_cloud_for_the_work_expected_from_yesterday():
+    # yesterday an urgent job needed all of a at hour 4; today one like it will arrive at 28.
+    # A deferrable job arriving at 27 could take a at once (a's price creeps up), blocking it.
+    hours = 48
+    prices = _prices(A=[10.0 + 0.1 * t for t in range(hours)], B=[100.0] * hours)
+    clouds = [CloudSpec("a", "A", 2), CloudSpec("b", "B", 2)]
+    jobs = [TrainingJob("urgent-1", 2, 2.0, 4, 6.0), TrainingJob("defer", 2, 2.0, 27, 35.0),
+            TrainingJob("urgent-2", 2, 2.0, 28, 30.0)]
+
+    def placed(**kw):  # big_share > 1: these whole-cloud jobs are planned hourly, not reserved at arrival
+        s = schedule_rolling(jobs, [], clouds, hours, _view(prices), preempt=False, big_share=1.5, **kw)
+        assert not s.misses
+        return {pl.job: (pl.cloud, pl.start) for pl in s.placements}
+
+    blind = placed(expect_arrivals=False)
+    assert blind["defer"] == ("a", 27) and blind["urgent-2"] == ("b", 28)
+    seen = placed()
+    assert seen["urgent-2"] == ("a", 28)
+    assert seen["defer"][0] == "a" and seen["defer"][1] >= 30
