@@ -44,8 +44,9 @@ Scenario (defaults; every one is an argument):
 Policies on the same workload (``crosscloud.timing``): **price-unaware**
 (least-loaded, as soon as possible), **crosscloud** (online price-aware, at
 each decision only day-ahead prices already published and a seasonal-naive
-forecast beyond: by default ``--policy price-lp``, a rolling LP re-planned
-every hour; ``--policy price`` is the greedy variant that reserves at arrival
+forecast beyond: by default ``--policy price-lp``, a rolling plan re-made
+every hour, whose starts this hour are whole and which also holds the jobs
+expected in the next 24 h, forecast as those of the last 24 h; ``--policy price`` is the greedy variant that reserves at arrival
 and re-plans unstarted work at each publication), and the
 **optimum** (LP with the actual prices, a lower bound).
 
