@@ -291,7 +291,16 @@ class Coordinator:
             home.put(f"{plan.keys.root}/history.json", json.dumps(history).encode())
             self.relay_logs()
             self.log(f"round {r}: eval loss {record['eval_loss']:.4f}, wall {record['wall_s']:.2f} s")
+        self.relay_last_logs()
         return history
+
+    def relay_last_logs(self, wait_s: float = 10.0) -> None:
+        """Relay the sub-tasks' last output: they exit right after their last commit, and a remote
+        host is asked for new output only every so often, so the last lines would otherwise be missed."""
+        deadline = time.monotonic() + wait_s
+        while time.monotonic() < deadline and any(self.backends[c].state(h) == "running" for c, h in self.handles.items()):
+            time.sleep(POLL_S)
+        self.relay_logs()
 
 
 def _global_objects(params: dict, momentum: dict | None) -> dict[str, bytes]:

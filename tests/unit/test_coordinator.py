@@ -279,3 +279,31 @@ def test_a_round_committed_at_home_only_is_completed_on_resume(planned):
     with pytest.raises(SubTaskLost, match="round 1: no pseudo-gradient"):
         Coordinator(plan, stores, handles=[], log=lambda m: None).run()
     assert read_commit(stores[other], plan.keys.global_step(1)) == before
+
+
+def test_the_last_output_of_a_remote_subtask_reaches_the_log_after_the_last_round(planned, monkeypatch):
+    # a remote host is asked for new output only every so often; the sub-task prints its last line and exits
+    # after its last commit, which can be after the coordinator's last ask
+    import time
+
+    from crosscloud.backends import BACKENDS, Backend
+
+    ends = time.monotonic() + 2.0
+
+    class SlowHost(Backend):
+        name = "slowhost"
+
+        def state(self, handle):
+            return "running" if time.monotonic() < ends else "succeeded"
+
+        def logs(self, handle, offset=0):
+            return ("round 1: loss 1.0 -> 0.9\n", 1) if offset == 0 and self.state(handle) != "running" else ("", offset)
+
+    monkeypatch.setitem(BACKENDS, "slowhost", SlowHost)
+    plan, stores = planned
+    for cloud, store in stores.items():
+        for r in (0, 1):
+            _commit_delta(store, plan, cloud, r)
+    logs = []
+    Coordinator(plan, stores, handles=[{"backend": "slowhost", "cloud": "singapore"}], log=logs.append).run()
+    assert "[singapore] round 1: loss 1.0 -> 0.9" in logs
