@@ -53,6 +53,7 @@ optimum's saving that a policy achieves is not flattered.
 
 from __future__ import annotations
 
+import bisect
 import math
 from dataclasses import dataclass, field
 from typing import Callable, Sequence
@@ -569,52 +570,47 @@ def schedule_rolling(jobs: Sequence[TrainingJob], batches: Sequence[BatchJob], c
         if not kept:
             running[job.name] = (placed[-1], job, c)
 
-    def _cheapest_slot(job: TrainingJob, occ: np.ndarray, now: int, last_ok: int, rates: np.ndarray) -> tuple[int, int] | None:
+    def _cheapest_slot(job: TrainingJob, occ: np.ndarray, now: int, last_ok: int, rates: np.ndarray,
+                       later_share: float) -> tuple[int, int] | None:
         """(cloud, start) of least expected cost: now where the devices are free, or a later start by
-        ``last_ok`` that leaves ``hold_headroom`` free."""
+        ``last_ok`` that leaves ``1 - later_share`` of the cloud free."""
         best = None
         for c in _allowed(clouds, job.allowed):
             if len(occ) > rates.shape[1]:
                 continue
             wc = _window_cost(rates[c], occ)
             starts = ([now] if cal.fits(c, now, job.devices, occ) else []) + cal.feasible_starts(
-                c, now + 1, min(last_ok, now + len(wc) - 1), job.devices, occ, 1.0 - hold_headroom)
+                c, now + 1, min(last_ok, now + len(wc) - 1), job.devices, occ, later_share)
             for st in starts:
                 if best is None or wc[st - now] < best[0]:
                     best = (wc[st - now], c, st)
         return None if best is None else best[1:]
 
-    def reserve_big(job: TrainingJob, now: int) -> bool:
+    def reserve_big(job: TrainingJob, now: int, rates: np.ndarray) -> bool:
         cands = _allowed(clouds, job.allowed)
         if not cands or job.devices < big_share * max(cal.cap[c] for c in cands):
             return False
         occ = occupancy(job.runtime_h)
-        last_ok = math.floor(job.deadline - job.runtime_h + 1e-9)
-        span = horizon - now
-        best = None
-        for c in cands:
-            p = np.asarray(view(clouds[c].region, t0 + now, t0 + now, span), dtype=float)
-            rate = clouds[c].rental + energy_price_per_device_hour(clouds[c].power_w, 1.0, clouds[c].pue) * p
-            wc = _window_cost(rate, occ)
-            for st in cal.feasible_starts(c, now, last_ok, job.devices, occ):
-                if best is None or wc[st - now] < best[0]:
-                    best = (wc[st - now], c, st)
+        best = _cheapest_slot(job, occ, now, math.floor(job.deadline - job.runtime_h + 1e-9), rates, 1.0)
         if best is None:
             return False  # planned hourly like the rest (and may pause others when it must start)
-        _, c, st = best
-        _take(job, c, st, occ, kept=True)
+        _take(job, *best, occ, kept=True)
         return True
 
     pending_extra: list[TrainingJob] = []
-    seen: list[TrainingJob] = []
+    arrival_hours = [jobs[i].arrival for i in arrivals]
     for now in range(first, horizon):
         pending.extend(pending_extra)
         pending_extra.clear()
+        span = horizon - now
+        rates = np.empty((nC, span))  # expected USD per device-hour, as seen now
+        for ci, c in enumerate(clouds):
+            p = np.asarray(view(c.region, t0 + now, t0 + now, span), dtype=float)
+            rates[ci] = c.rental + energy_price_per_device_hour(c.power_w, 1.0, c.pue) * p
         while ji < len(arrivals) and jobs[arrivals[ji]].arrival <= now:
             j = jobs[arrivals[ji]]
             ji += 1
-            seen.append(j)
-            if not reserve_big(j, now):
+            if not reserve_big(j, now, rates):
                 pending.append(j)
         while bi < len(b_arrivals) and batches[b_arrivals[bi]].arrival <= now:
             remaining[b_arrivals[bi]] = batches[b_arrivals[bi]].device_hours
@@ -623,17 +619,13 @@ def schedule_rolling(jobs: Sequence[TrainingJob], batches: Sequence[BatchJob], c
             if ji >= len(arrivals) and bi >= len(b_arrivals):
                 break
             continue
-        span = horizon - now
-        rates = np.empty((nC, span))
-        for ci, c in enumerate(clouds):
-            p = np.asarray(view(c.region, t0 + now, t0 + now, span), dtype=float)
-            rates[ci] = c.rental + energy_price_per_device_hour(c.power_w, 1.0, c.pue) * p
         free = np.maximum(cal.cap[:, None] - cal.used[:, now:], 0.0)
         cost, rows, cols, vals, eq_r, eq_c, b_eq = [], [], [], [], [], [], []
         var_job: list[tuple[int, int, int]] = []  # (pending index or -1-batch, cloud, start offset)
         # the work expected in the next 24 h (the jobs of the last 24 h, a day later) is planned too, never run
+        recent = (jobs[i] for i in arrivals[bisect.bisect_right(arrival_hours, now - 24):ji])
         expected = [TrainingJob(j.name, j.devices, j.runtime_h, j.arrival + 24, j.deadline + 24, j.allowed, j.home)
-                    for j in seen if j.arrival + 24 > now] if expect_arrivals else []
+                    for j in recent] if expect_arrivals else []
         for pj, job in [*enumerate(pending), *((_EXPECTED, j) for j in expected)]:
             occ = occupancy(job.runtime_h)
             last = min(math.floor(job.deadline - job.runtime_h + 1e-9), horizon - len(occ)) - now
@@ -731,7 +723,7 @@ def schedule_rolling(jobs: Sequence[TrainingJob], batches: Sequence[BatchJob], c
                     _take(job, c, now + later, occ)
                     continue
                 # that slot is gone: the cheapest of starting now anywhere and holding another start in time
-                best = _cheapest_slot(job, occ, now, last_ok, rates)
+                best = _cheapest_slot(job, occ, now, last_ok, rates, 1.0 - hold_headroom)
                 if best is not None:
                     _take(job, *best, occ)
                     continue
