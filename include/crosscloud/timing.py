@@ -456,9 +456,10 @@ def optimum(jobs: Sequence[TrainingJob], batches: Sequence[BatchJob], clouds: Se
 
 def schedule_rolling(jobs: Sequence[TrainingJob], batches: Sequence[BatchJob], clouds: Sequence[CloudSpec], horizon: int,
                      view: PriceView, t0: int = 0, start_threshold: float = 0.5, miss_penalty: float = 1e3,
-                     margin_h: int = 2, preempt: bool = True, preempt_overhead_h: float = 0.25,
+                     margin_h: int = 1, preempt: bool = True, preempt_overhead_h: float = 0.25,
                      preempt_min_slack_h: float = 12.0, big_share: float = 0.5, hold_headroom: float = 0.25,
-                     milp_time_limit_s: float = 10.0, expect_arrivals: bool = True) -> Schedule:
+                     milp_time_limit_s: float = 10.0, expect_arrivals: bool = True,
+                     last_resort_slack_h: float = 3.0) -> Schedule:
     """The online price-aware policy as a rolling linear program (``policy="price-lp"`` of ``schedule``).
 
     Every hour ``now``, the work that has arrived and not started -- training
@@ -498,13 +499,21 @@ def schedule_rolling(jobs: Sequence[TrainingJob], batches: Sequence[BatchJob], c
     ``preempt``, a job that must start now and finds no room may pause
     running jobs whose deadlines leave at least ``preempt_min_slack_h`` of
     slack (they checkpoint; the rest of their run, plus
-    ``preempt_overhead_h`` of redone work, is planned again like new work).
+    ``preempt_overhead_h`` of redone work, is planned again like new work);
+    when that is not enough, as a last resort, it may also pause jobs with at
+    least ``last_resort_slack_h`` of slack. Pausing only the jobs with a lot
+    of slack missed big urgent jobs on clouds full of work running late in its
+    window. With that last resort, a due job can wait until ``margin_h`` = 1 h
+    before its last start (rather than 2 h) for the plan's cheap hour: over
+    six weeks of 2023 that saved more with no more misses.
     Paused jobs run in two or more pieces, which the contiguous-start LP of
     ``optimum`` does not model; pauses are few and cost the redone work.
 
     A job that must start and finds no room even after pausing others holds
     the earliest start where its devices are free (a reservation later work
-    cannot take). A job needing at least ``big_share`` of the devices of every cloud it may
+    cannot take) when that start meets its deadline; otherwise it tries again
+    next hour (work ends, pausing may then make room) until its last start,
+    when it takes that hold anyway. A job needing at least ``big_share`` of the devices of every cloud it may
     use is hard to fit later (a cloud must drain for it): it is reserved at
     arrival instead, at the (cloud, start) of least expected cost before its
     deadline where its devices are free, and that reservation is kept.
@@ -525,8 +534,9 @@ def schedule_rolling(jobs: Sequence[TrainingJob], batches: Sequence[BatchJob], c
     running: dict[str, tuple[Placement, TrainingJob, int]] = {}
     paused: set[str] = set()  # paused once: not paused again
 
-    def _make_room(job: TrainingJob, occ: np.ndarray, now: int, cands: list[int], rates: np.ndarray) -> int | None:
-        """Pause running jobs with enough slack (they checkpoint and are planned again) to start ``job`` now."""
+    def _make_room(job: TrainingJob, occ: np.ndarray, now: int, cands: list[int], rates: np.ndarray,
+                   min_slack_h: float) -> int | None:
+        """Pause running jobs with ``min_slack_h`` of slack (they checkpoint and are planned again) to start ``job`` now."""
         for c in sorted(cands, key=lambda c: rates[c, 0]):
             victims = []
             for name, (p, other, oc) in running.items():
@@ -534,7 +544,7 @@ def schedule_rolling(jobs: Sequence[TrainingJob], batches: Sequence[BatchJob], c
                     continue
                 left = p.end - now + preempt_overhead_h
                 slack = other.deadline - now - left
-                if slack >= preempt_min_slack_h:
+                if slack >= min_slack_h:
                     victims.append((-slack, name))
             if not victims:
                 continue
@@ -737,16 +747,18 @@ def schedule_rolling(jobs: Sequence[TrainingJob], batches: Sequence[BatchJob], c
                     chosen = c
                     break
             if chosen is None and must and preempt:
-                chosen = _make_room(job, occ, now, cands, rates)
+                chosen = _make_room(job, occ, now, cands, rates, preempt_min_slack_h)
+                if chosen is None:  # the last resort: jobs with less slack
+                    chosen = _make_room(job, occ, now, cands, rates, last_resort_slack_h)
             if chosen is None and must:
-                # no room now even after pausing: hold the earliest start where its devices are free,
-                # so that later work cannot starve it (a miss when that is after its last start)
+                # no room now even after pausing: hold the earliest start where its devices are free, so that
+                # later work cannot starve it; one that misses the deadline only once no later hour can do better
                 early = None
                 for c in cands:
                     st = cal.feasible_starts(c, now + 1, horizon - 1, job.devices, occ)
                     if st and (early is None or st[0] < early[1]):
                         early = (c, st[0])
-                if early is not None:
+                if early is not None and (early[1] + job.runtime_h <= job.deadline + 1e-9 or now >= last_ok):
                     c, st = early
                     _take(job, c, st, occ, kept=True)
                     if st + job.runtime_h > job.deadline + 1e-9 and job.name not in out.misses:

@@ -133,6 +133,31 @@ def test_rolling_lp_pauses_deferrable_work_for_an_urgent_job():
     assert busy.max() <= 3 + 1e-9
 
 
+def test_rolling_lp_due_job_without_room_waits_for_an_hour_that_meets_its_deadline_rather_than_holding_a_late_one():
+    # at 2 the urgent job finds "short" still running and pausing "long" frees too little; the first start
+    # free without pausing is after "long" ends (a miss). At 3 "short" has ended: pausing "long" makes room.
+    hours = 48
+    prices = _prices(A=[10.0 + t for t in range(hours)])  # cheapest now: every job starts as soon as it can
+    clouds = [CloudSpec("a", "A", 4)]
+    jobs = [TrainingJob("long", 2, 20.0, 0, 45.0), TrainingJob("short", 2, 3.0, 0, 3.0),
+            TrainingJob("urgent", 4, 3.0, 2, 7.0)]
+    s = schedule_rolling(jobs, [], clouds, hours, _view(prices), big_share=1.5, margin_h=2)
+    assert not s.misses
+    assert s.preempted == ["long"]
+    assert [pl.start for pl in s.placements if pl.job == "urgent"] == [3]
+
+
+def test_rolling_lp_as_a_last_resort_pauses_a_job_with_a_few_hours_of_slack_for_an_urgent_one():
+    # "mid" has 5.75 h of slack left at 1: too little to pause it first, enough to finish after the urgent job.
+    hours = 24
+    prices = _prices(A=[10.0 + t for t in range(hours)])
+    jobs = [TrainingJob("mid", 2, 10.0, 0, 16.0), TrainingJob("urgent", 2, 1.0, 1, 2.0)]
+    s = schedule_rolling(jobs, [], [CloudSpec("a", "A", 2)], hours, _view(prices), big_share=1.5)
+    assert not s.misses
+    assert s.preempted == ["mid"]
+    assert [pl.start for pl in s.placements if pl.job == "urgent"] == [1]
+
+
 def test_rolling_lp_holds_the_cheap_hour_of_a_job_due_soon_unless_that_leaves_too_little_room():
     p = [100.0] * H
     p[10] = 1.0  # the one cheap hour: the job's last start that meets its deadline
@@ -142,7 +167,7 @@ def test_rolling_lp_holds_the_cheap_hour_of_a_job_due_soon_unless_that_leaves_to
     held = schedule_rolling([job], [], clouds, H, _view(prices))
     assert [(pl.start, pl.end) for pl in held.placements] == [(10, 11.0)] and not held.misses
     # keeping 70 % of the cloud free for urgent work: no hold, it starts when it is due (margin_h before)
-    early = schedule_rolling([job], [], clouds, H, _view(prices), hold_headroom=0.7)
+    early = schedule_rolling([job], [], clouds, H, _view(prices), hold_headroom=0.7, margin_h=2)
     assert [pl.start for pl in early.placements] == [8]
 
 
