@@ -76,8 +76,10 @@ def demand_response():
         result = check(load_federation(), plan, answer["issued_at"], fit_power_curve(), timeout_s=p["within_s"])
         print(f"cut held: {result['held']} after {result['time_to_shed_s']} s, {result['shed_pct']:.1f}% shed")
         if not result["held"]:
+            why = (f"the metered draw fell by only {result['measured_shed_pct']:.1f}%"
+                   if result["measured_shed_pct"] is not None else "the runs did not apply it in time")
             raise RuntimeError(f"{plan.cloud}: the cut of {plan.reduce_pct:g}% did not hold within {plan.within_s:g} s: "
-                               f"{result['refused'] or 'the runs did not apply it in time'}")
+                               f"{result['refused'] or why}")
         return result
 
     @task.sensor(poke_interval=30, timeout=7 * 24 * 3600, mode="reschedule")

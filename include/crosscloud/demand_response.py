@@ -13,9 +13,11 @@ planner weighs two actions by the training progress they cost per watt shed:
 
 Both take effect at the run's next round (the coordinator publishes them with
 the next global checkpoint; workers read them when they start a round), so a
-request is feasible only if the run's round time fits its ``within_s``. Local
-clouds' power is modelled (``power.py``); the directive and its effect are
-recorded in the run's store, where the verification reads them back.
+request is feasible only if the run's round time fits its ``within_s``. Power
+is modelled (``power.py``); a cloud with ``power_metrics`` is metered as well
+(``power_metrics.py``: Prometheus, e.g. DCGM), and there the cut holds only
+when the meter shows it. The directive and its effect are recorded in the
+run's store, where the verification reads them back.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from crosscloud.ledger import Ledger
 from crosscloud.names import RunKeys
 from crosscloud.plan import Plan
 from crosscloud.power import DEFAULT_PUE, PowerCurve, device_power
+from crosscloud.power_metrics import measured_power_w
 from crosscloud.storage import ObjectNotFound, ObjectStore, open_store
 
 
@@ -68,6 +71,7 @@ class ShedPlan:
     target_w: float
     actions: list[Action] = field(default_factory=list)
     refused: list[str] = field(default_factory=list)
+    measured_before_w: float | None = None  # from the cloud's power_metrics, where it has one
 
     @property
     def after_w(self) -> float:
@@ -83,7 +87,7 @@ class ShedPlan:
     @classmethod
     def from_dict(cls, d: dict) -> ShedPlan:
         return cls(d["cloud"], d["reduce_pct"], d["within_s"], d["before_w"], d["target_w"],
-                   [Action(**a) for a in d["actions"]], list(d["refused"]))
+                   [Action(**a) for a in d["actions"]], list(d["refused"]), d.get("measured_before_w"))
 
 
 def busy_w(accelerator: str, full_w: float, cap: float, curve: PowerCurve) -> float:
@@ -214,6 +218,8 @@ def respond(fed: Federation, cloud: str, reduce_pct: float, within_s: float, cur
             ledger: Ledger | None = None) -> tuple[ShedPlan, float]:
     """Plan the cut and tell each affected run's coordinator; returns the plan and when it was issued."""
     plan = plan_shed(fed, cloud, runs_on(fed, cloud, ledger), reduce_pct, within_s, curve)
+    if (meter := fed.cloud(cloud).power_metrics) is not None:
+        plan.measured_before_w = measured_power_w(meter)
     issued = time.time()
     request = {"cloud": cloud, "reduce_pct": reduce_pct, "within_s": within_s}
     for a in plan.actions:
@@ -239,7 +245,10 @@ def _applied(fed: Federation, cloud: str, action: Action, since: float) -> float
 
 def verify(fed: Federation, plan: ShedPlan, issued_at: float, curve: PowerCurve, timeout_s: float,
            poll_s: float = 0.5) -> dict:
-    """Wait until every action shows in its sub-task's commits; the modelled draw then, and how long it took."""
+    """Wait until every action shows in its sub-task's commits; the modelled draw then, and how long it took.
+
+    Where the cloud has ``power_metrics``, the cut holds only if the measured draw fell by ``reduce_pct`` too.
+    """
     deadline = time.monotonic() + timeout_s
     applied: dict[str, float] = {}
     while len(applied) < len(plan.actions) and time.monotonic() < deadline:
@@ -248,6 +257,11 @@ def verify(fed: Federation, plan: ShedPlan, issued_at: float, curve: PowerCurve,
                 applied[a.run_id] = at
         time.sleep(poll_s if len(applied) < len(plan.actions) else 0)
     held = len(applied) == len(plan.actions) and plan.feasible
+    measured_after = None
+    if held and (meter := fed.cloud(plan.cloud).power_metrics) is not None and plan.measured_before_w:
+        time.sleep(meter.settle_s)  # the meter shows the cut a scrape after it applied
+        measured_after = measured_power_w(meter)
+        held = 100 * (1 - measured_after / plan.measured_before_w) >= plan.reduce_pct - 1e-9
     return {
         "cloud": plan.cloud,
         "held": held,
@@ -255,6 +269,9 @@ def verify(fed: Federation, plan: ShedPlan, issued_at: float, curve: PowerCurve,
         "power_before_w": plan.before_w,
         "power_after_w": plan.after_w if held else None,
         "shed_pct": 100 * (1 - plan.after_w / plan.before_w) if held else 0.0,
+        "measured_power_before_w": plan.measured_before_w,
+        "measured_power_after_w": measured_after,
+        "measured_shed_pct": None if measured_after is None else 100 * (1 - measured_after / plan.measured_before_w),
         "actions": [asdict(a) for a in plan.actions],
         "refused": plan.refused,
         "progress_lost_fraction": {a.run_id: a.progress_lost for a in plan.actions},

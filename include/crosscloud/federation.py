@@ -179,6 +179,17 @@ class Grid(_Model):
         return value
 
 
+class PowerMetrics(_Model):
+    """Where a cloud's measured power is read: a Prometheus HTTP API, e.g. scraping NVIDIA's DCGM exporter.
+
+    A demand-response cut on a cloud with this set holds only once the measured draw has fallen too.
+    """
+
+    prometheus_url: str = Field(description="base URL of the Prometheus HTTP API, e.g. http://prometheus:9090")
+    query: str = Field(default="sum(DCGM_FI_DEV_POWER_USAGE)", description="PromQL giving the cloud's draw in watts")
+    settle_s: float = Field(default=30.0, ge=0, description="wait after the cut applied before reading (a scrape interval)")
+
+
 class Cloud(_Model):
     name: str
     role: Literal["local", "collaboration"]
@@ -190,6 +201,7 @@ class Cloud(_Model):
     # joining: receives work only after `crosscloud cloud join` proved it works; draining: no new sub-tasks
     state: Literal["active", "joining", "draining"] = "active"
     grid: Grid | None = None
+    power_metrics: PowerMetrics | None = None
 
     @field_validator("name")
     @classmethod
