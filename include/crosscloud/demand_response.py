@@ -257,11 +257,12 @@ def verify(fed: Federation, plan: ShedPlan, issued_at: float, curve: PowerCurve,
                 applied[a.run_id] = at
         time.sleep(poll_s if len(applied) < len(plan.actions) else 0)
     held = len(applied) == len(plan.actions) and plan.feasible
-    measured_after = None
+    measured_after = measured_shed = None
     if held and (meter := fed.cloud(plan.cloud).power_metrics) is not None and plan.measured_before_w:
         time.sleep(meter.settle_s)  # the meter shows the cut a scrape after it applied
         measured_after = measured_power_w(meter)
-        held = 100 * (1 - measured_after / plan.measured_before_w) >= plan.reduce_pct - 1e-9
+        measured_shed = 100 * (1 - measured_after / plan.measured_before_w)
+        held = measured_shed >= plan.reduce_pct - 1e-9
     return {
         "cloud": plan.cloud,
         "held": held,
@@ -271,7 +272,7 @@ def verify(fed: Federation, plan: ShedPlan, issued_at: float, curve: PowerCurve,
         "shed_pct": 100 * (1 - plan.after_w / plan.before_w) if held else 0.0,
         "measured_power_before_w": plan.measured_before_w,
         "measured_power_after_w": measured_after,
-        "measured_shed_pct": None if measured_after is None else 100 * (1 - measured_after / plan.measured_before_w),
+        "measured_shed_pct": measured_shed,
         "actions": [asdict(a) for a in plan.actions],
         "refused": plan.refused,
         "progress_lost_fraction": {a.run_id: a.progress_lost for a in plan.actions},

@@ -84,6 +84,11 @@ class TrainingJob:
     allowed: frozenset[str] | None = None  # cloud names; None = any
     home: str = ""
 
+    @property
+    def last_start(self) -> int:
+        """The last whole hour it can start and still meet its deadline."""
+        return math.floor(self.deadline - self.runtime_h + 1e-9)
+
 
 @dataclass(frozen=True)
 class BatchJob:
@@ -207,7 +212,7 @@ def schedule(policy: str, jobs: Sequence[TrainingJob], batches: Sequence[BatchJo
 
     def place_training(job: TrainingJob, now: int, bump: bool = True) -> None:
         occ = occupancy(job.runtime_h)
-        last_ok = math.floor(job.deadline - job.runtime_h + 1e-9)
+        last_ok = job.last_start
         cands = _allowed(clouds, job.allowed)
         best = None
         if policy == "price":
@@ -401,7 +406,7 @@ def optimum(jobs: Sequence[TrainingJob], batches: Sequence[BatchJob], clouds: Se
     infeasible = []
     for j, job in enumerate(jobs):
         occ = occupancy(job.runtime_h)
-        last = min(math.floor(job.deadline - job.runtime_h + 1e-9), horizon - len(occ))
+        last = min(job.last_start, horizon - len(occ))
         before = nvar
         for c in _allowed(clouds, job.allowed):
             if job.devices > clouds[c].devices + 1e-9:
@@ -601,7 +606,7 @@ def schedule_rolling(jobs: Sequence[TrainingJob], batches: Sequence[BatchJob], c
         if not cands or job.devices < big_share * max(cal.cap[c] for c in cands):
             return False
         occ = occupancy(job.runtime_h)
-        best = _cheapest_slot(job, occ, now, math.floor(job.deadline - job.runtime_h + 1e-9), rates, 1.0)
+        best = _cheapest_slot(job, occ, now, job.last_start, rates, 1.0)
         if best is None:
             return False  # planned hourly like the rest (and may pause others when it must start)
         _take(job, *best, occ, kept=True)
@@ -638,7 +643,7 @@ def schedule_rolling(jobs: Sequence[TrainingJob], batches: Sequence[BatchJob], c
                     for j in recent] if expect_arrivals else []
         for pj, job in [*enumerate(pending), *((_EXPECTED, j) for j in expected)]:
             occ = occupancy(job.runtime_h)
-            last = min(math.floor(job.deadline - job.runtime_h + 1e-9), horizon - len(occ)) - now
+            last = min(job.last_start, horizon - len(occ)) - now
             for c in _allowed(clouds, job.allowed):
                 if job.devices > clouds[c].devices + 1e-9 or last < 0:
                     continue
@@ -712,15 +717,12 @@ def schedule_rolling(jobs: Sequence[TrainingJob], batches: Sequence[BatchJob], c
                 placed.append(Placement(batches[b].name, clouds[c].name, now, take, now + 1, take))
         # training jobs: start now where the plan says so (or must), largest share first
         still: list[TrainingJob] = []
-        def last_start(job):
-            return math.floor(job.deadline - job.runtime_h + 1e-9)
-
-        order = sorted(range(len(pending)), key=lambda pj: (now < last_start(pending[pj]) - margin_h,
+        order = sorted(range(len(pending)), key=lambda pj: (now < pending[pj].last_start - margin_h,
                                                             -share_now.get(pj, np.zeros(1)).sum(), pending[pj].deadline))
         for pj in order:
             job = pending[pj]
             occ = occupancy(job.runtime_h)
-            last_ok = math.floor(job.deadline - job.runtime_h + 1e-9)
+            last_ok = job.last_start
             sh = share_now.get(pj)
             must = now >= last_ok - margin_h
             if not must and (sh is None or sh.sum() < start_threshold):
@@ -758,10 +760,10 @@ def schedule_rolling(jobs: Sequence[TrainingJob], batches: Sequence[BatchJob], c
                     st = cal.feasible_starts(c, now + 1, horizon - 1, job.devices, occ)
                     if st and (early is None or st[0] < early[1]):
                         early = (c, st[0])
-                if early is not None and (early[1] + job.runtime_h <= job.deadline + 1e-9 or now >= last_ok):
-                    c, st = early
-                    _take(job, c, st, occ, kept=True)
-                    if st + job.runtime_h > job.deadline + 1e-9 and job.name not in out.misses:
+                late = early is not None and early[1] + job.runtime_h > job.deadline + 1e-9
+                if early is not None and (not late or now >= last_ok):
+                    _take(job, *early, occ, kept=True)
+                    if late and job.name not in out.misses:
                         out.misses.append(job.name)
                     continue
             if chosen is None:  # no room now: tried again next hour (a miss once past its last start)
