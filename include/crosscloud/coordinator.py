@@ -322,6 +322,7 @@ def _cloud_record(meta: dict) -> dict:
         "step_s": meta["step_s"],
         "cap": meta.get("cap", 1.0),
         "started_at": meta.get("started_at"),
+        "folded_at_step": meta.get("folded_at_step"),  # overlap: how many steps into the round the last global came
     }
 
 

@@ -358,7 +358,7 @@ def aggregate_stage(ref: RunRef, handles: list[Handle], experiment: str | None =
         },
         "history": [
             {**{k: v for k, v in r.items() if k != "clouds"},
-             "clouds": {c: {k: v for k, v in rec.items() if isinstance(v, float)} for c, rec in r["clouds"].items()}}
+             "clouds": {c: {k: v for k, v in rec.items() if isinstance(v, (int, float))} for c, rec in r["clouds"].items()}}
             for r in history
         ],
     }
