@@ -71,12 +71,13 @@ CONFIGS = {
 }
 
 
-def measure(history: list[dict], h: int) -> dict:
+def measure(history: list[dict], h: int, overlap: bool) -> dict:
     """Per-round seconds split into compute / communication / waiting, from the slowest cloud."""
     rounds = history[1:] or history
     per_step = [round_seconds(r) / h for r in rounds]
-    # overlap: the steps a cloud trained on its own progress before the last round's global came
-    folds = [c["folded_at_step"] for r in rounds for c in r["clouds"].values() if c.get("folded_at_step") is not None]
+    # overlap: the steps a cloud trained on its own progress before the last round's global came (all h
+    # when it came only after the round); blocking rounds start from it
+    folds = [h if c.get("folded_at_step") is None else c["folded_at_step"] for r in rounds for c in r["clouds"].values()]
 
     def part(r: dict, keys: tuple[str, ...]) -> float:
         slowest = max(r["clouds"].values(), key=lambda c: c["wait_s"] + c["download_s"] + c["compute_s"] + c["upload_s"])
@@ -89,14 +90,14 @@ def measure(history: list[dict], h: int) -> dict:
         "comm_s": statistics.mean(part(r, ("download_s", "upload_s")) for r in rounds),
         "wait_s": statistics.mean(part(r, ("wait_s",)) for r in rounds),
         "wan_bytes": statistics.mean(r.get("wan_bytes", 0) for r in rounds),
-        "late_steps": statistics.mean(folds) if folds else 0.0,
+        "late_steps": statistics.mean(folds) if overlap else 0.0,
     }
 
 
 def run_config(name: str, base: dict, fed_path: Path, tag: str, log) -> dict:
     spec = JobSpec(tenant="bench", **{**base, **CONFIGS[name]})
     summary = run_job(spec, f"gap-{tag}-{name}", str(fed_path), EXPERIMENT, log=log, compare_baseline=False)
-    return {**measure(summary["history"], spec.inner_steps), "loss": summary["metrics"]["final_eval_loss"]}
+    return {**measure(summary["history"], spec.inner_steps, spec.overlap), "loss": summary["metrics"]["final_eval_loss"]}
 
 
 def write_federation(folder: Path, bandwidth: float, rtt: float) -> Path:
