@@ -123,10 +123,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--bandwidth-mbps", type=float, default=100.0)
     p.add_argument("--rtt-ms", type=float, default=50.0)
     p.add_argument("--model-size", default="small")
-    p.add_argument("--rounds", type=int, default=10)
-    p.add_argument("--inner-steps", type=int, default=40)
+    p.add_argument("--rounds", type=int, default=40)
+    p.add_argument("--inner-steps", type=int, default=10)
     p.add_argument("--global-batch", type=int, default=24)
     p.add_argument("--inner-lr", type=float, default=JobSpec.inner_lr)
+    p.add_argument("--local-lr-scaling", default=JobSpec.local_lr_scaling, choices=["none", "sqrt", "linear"],
+                   help="a cloud's lr against its share of the global batch (job.local_lr)")
+    p.add_argument("--fold-mix", type=float, default=JobSpec.fold_mix,
+                   help="overlap: the share of its own drift a cloud keeps when the late global is folded in")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--no-overlap", action="store_true", help="blocking rounds, to see what overlapping buys")
     p.add_argument("--compression", default="int8", choices=["int8", "none"])
@@ -141,7 +145,7 @@ def main(argv: list[str] | None = None) -> int:
     tag = time.strftime("%Y%m%d-%H%M%S")
     base = {"model_size": args.model_size, "rounds": args.rounds, "inner_steps": args.inner_steps,
             "global_batch": args.global_batch, "inner_lr": args.inner_lr, "seed": args.seed, "overlap": not args.no_overlap,
-            "compression": args.compression}
+            "compression": args.compression, "local_lr_scaling": args.local_lr_scaling, "fold_mix": args.fold_mix}
     folder = Path(tempfile.mkdtemp(prefix="bench-gap-"))
     fed = write_federation(folder, args.bandwidth_mbps, args.rtt_ms)
     print(f"link {args.bandwidth_mbps:g} Mbit/s, {args.rtt_ms:g} ms RTT; model {args.model_size}, "

@@ -26,6 +26,8 @@ import torch
 
 from crosscloud.backends import Backend, Handle, get_backend
 from crosscloud.commit import IntegrityError, read_commit, read_object, write_step
+from crosscloud.checkpoint import MOMENTUM, PARAMS, RESIDUAL, UPDATE, for_others, quantized_global
+from crosscloud.compression import ErrorFeedback
 from crosscloud.ledger import Ledger
 from crosscloud.model import build_model, evaluate
 from crosscloud.outer import SYNCHRONOUS, OuterConfig, outer_step, weighted_mean
@@ -64,12 +66,22 @@ def latest_global_round(store: ObjectStore, plan: Plan) -> int:
 
 def load_global(store: ObjectStore, plan: Plan, round_: int) -> tuple[dict, dict | None, dict]:
     """Params, outer momentum (None at round 0) and commit meta of a committed round."""
+    commit = _global_commit(store, plan, round_)
+    momentum = from_bytes(read_object(store, commit, MOMENTUM)) if MOMENTUM in commit["objects"] else None
+    return from_bytes(read_object(store, commit, PARAMS)), momentum, commit["meta"]
+
+
+def load_residual(store: ObjectStore, plan: Plan, round_: int) -> dict | None:
+    """What int8 had dropped from the global updates up to a committed round (None: nothing yet)."""
+    commit = _global_commit(store, plan, round_)
+    return from_bytes(read_object(store, commit, RESIDUAL)) if RESIDUAL in commit["objects"] else None
+
+
+def _global_commit(store: ObjectStore, plan: Plan, round_: int) -> dict:
     commit = read_commit(store, plan.keys.global_step(round_))
     if commit is None:
         raise IntegrityError(f"cloud {store.cloud}: global round {round_} of run {plan.run_id} is not committed")
-    params = from_bytes(read_object(store, commit, "params.safetensors"))
-    momentum = from_bytes(read_object(store, commit, "outer_state.safetensors")) if "outer_state.safetensors" in commit["objects"] else None
-    return params, momentum, commit["meta"]
+    return commit
 
 
 def publish_global(stores: dict[str, ObjectStore], home: str, plan: Plan, round_: int, objects: dict, meta: dict) -> dict[str, str]:
@@ -79,13 +91,14 @@ def publish_global(stores: dict[str, ObjectStore], home: str, plan: Plan, round_
     waiting for the WAN copies, and a crash in between leaves a round that the
     restarted coordinator completes (``run`` re-publishes it where it is missing).
     Only the coordinator's store keeps the outer optimizer state: no other cloud
-    needs it, so it never crosses a link. A collaboration store still failing
+    needs it, so it never crosses a link; where the global has an int8 update,
+    the other clouds get only that (``checkpoint.for_others``). A collaboration store still failing
     past its retry deadline loses that cloud, not the run; the own store's
     failure stops the run (nothing is committed without it).
     """
     unreachable = {}
     for name in sorted(stores, key=lambda n: n != home):
-        shared = objects if name == home else {k: v for k, v in objects.items() if k != "outer_state.safetensors"}
+        shared = objects if name == home else for_others(objects)
         try:
             write_step(stores[name], plan.keys.global_step(round_), shared, meta=meta)
         except StoreError as exc:
@@ -244,13 +257,18 @@ class Coordinator:
         if start > 0:
             self.log(f"resuming run {plan.run_id} after committed round {start - 1}")
         params, momentum, meta = load_global(home, plan, start)
+        feedback = ErrorFeedback() if plan.compression == "int8" else None
+        if feedback:  # a restarted coordinator sends on what int8 had dropped before
+            feedback.residual = load_residual(home, plan, start) or {}
         model = build_model(ModelConfig(**plan.model), spec.seed)
         held_out = torch.frombuffer(bytearray(read_blob(home, plan.tenant, plan.held_out)), dtype=torch.uint8)
         history = recover_history(home, plan, start, model, held_out)
         lost = {c: why for record in history for c, why in record.get("lost", {}).items()}
         missing = {c: s for c, s in self.stores.items() if c not in lost and read_commit(s, plan.keys.global_step(start)) is None}
         if missing:  # re-publish a round a crash left half-published
-            unreachable = publish_global(missing, self.home, plan, start, _global_objects(params, momentum), meta)
+            commit = read_commit(home, plan.keys.global_step(start))
+            objects = {name: read_object(home, commit, name) for name in commit["objects"]}
+            unreachable = publish_global(missing, self.home, plan, start, objects, meta)
             self.lose(unreachable, start)
             lost.update(unreachable)
         published_at = meta["published_at"]
@@ -265,7 +283,11 @@ class Coordinator:
                 self.log(f"round {r}: refused the contribution of cloud {cloud}: {why}; the round goes on without it")
             if not deltas:
                 raise IntegrityError(f"round {r}: every contribution was refused: {refused}")
-            params, momentum = outer_step(params, weighted_mean(deltas, {c: float(n) for c, n in shares.items()}), momentum, cfg)
+            new, momentum = outer_step(params, weighted_mean(deltas, {c: float(n) for c, n in shares.items()}), momentum, cfg)
+            update = None
+            if feedback:
+                new, update = quantized_global(params, new, feedback)
+            params = new
             lost.update(gone)
             now = time.time()
             record = {
@@ -278,19 +300,21 @@ class Coordinator:
                 "refused": refused,  # clouds whose contribution this round was refused
             }
             record.update(self.next_round(shares, record["clouds"], home, frozenset(lost)))
-            unreachable = publish_global(self.stores, self.home, plan, r + 1, _global_objects(params, momentum), meta=record)
+            unreachable = publish_global(self.stores, self.home, plan, r + 1, _global_objects(params, momentum, feedback, update),
+                                         meta=record)
             self.lose(unreachable, r)
             record["lost"] = {**gone, **unreachable}
             lost.update(unreachable)
             record["sync_s"] = time.perf_counter() - t_sync
             published_at = now
             model.load_state_dict(params)
-            record["eval_loss"] = evaluate(model, held_out)
+            record["eval_loss"] = evaluate(model, held_out) if spec.evaluates_after(r) else None
             self.on_round(record)
             history.append(record)
             home.put(f"{plan.keys.root}/history.json", json.dumps(history).encode())
             self.relay_logs()
-            self.log(f"round {r}: eval loss {record['eval_loss']:.4f}, wall {record['wall_s']:.2f} s")
+            loss = "" if record["eval_loss"] is None else f"eval loss {record['eval_loss']:.4f}, "
+            self.log(f"round {r}: {loss}wall {record['wall_s']:.2f} s")
         self.relay_last_logs()
         return history
 
@@ -303,10 +327,14 @@ class Coordinator:
         self.relay_logs()
 
 
-def _global_objects(params: dict, momentum: dict | None) -> dict[str, bytes]:
-    objects = {"params.safetensors": to_bytes(params)}
+def _global_objects(params: dict, momentum: dict | None, feedback: ErrorFeedback | None, update: dict | None) -> dict[str, bytes]:
+    objects = {PARAMS: to_bytes(params)}
+    if update is not None:
+        objects[UPDATE] = to_bytes(update)
     if momentum is not None:
-        objects["outer_state.safetensors"] = to_bytes(momentum)
+        objects[MOMENTUM] = to_bytes(momentum)
+    if feedback and feedback.residual:
+        objects[RESIDUAL] = to_bytes(feedback.residual)
     return objects
 
 
@@ -336,11 +364,11 @@ def recover_history(home: ObjectStore, plan: Plan, start: int, model: torch.nn.M
 
     history.json is written after a round's global is committed, so a crash in
     between leaves the last record out of it; the record is in that global's
-    commit (its meta), and its eval loss is measured again from its params.
+    commit (its meta), and its eval loss, where one is due, is measured again from its params.
     """
     history = load_history(home, plan)[:start]
     for r in range(len(history), start):
         params, _, record = load_global(home, plan, r + 1)
         model.load_state_dict(params)
-        history.append({**record, "sync_s": 0.0, "eval_loss": evaluate(model, held_out)})
+        history.append({**record, "sync_s": 0.0, "eval_loss": evaluate(model, held_out) if plan.spec.evaluates_after(r) else None})
     return history

@@ -32,15 +32,15 @@ def _figure(width: float = 7.0, height: float = 4.0):
 
 
 def loss_vs_tokens(run: RunView, baseline: tuple[str, int, list[float]] | None):
-    """Eval loss per round against tokens trained; ``baseline`` is (label, tokens per round, losses)."""
+    """Eval loss against tokens trained; ``baseline`` is (label, tokens per round, [(round, loss)])."""
     fig, ax = _figure()
     start = run.metrics.get("eval_loss_start")
     curves = [(f"{run.run_id} ({run.mode})", run.tokens_per_round, run.eval_loss)]
     if baseline:
         curves.append(baseline)
     for label, per_round, losses in curves:
-        xs = [per_round * (i + 1) for i in range(len(losses))]
-        ys = list(losses)
+        xs = [per_round * (r + 1) for r, _ in losses]
+        ys = [loss for _, loss in losses]
         if start is not None:  # both runs start from the same seed's initial model
             xs, ys = [0, *xs], [start, *ys]
         ax.plot(xs, ys, marker="o", label=label)
@@ -120,7 +120,7 @@ def _baseline_curve(client, experiment_id: str, key: str, own: str) -> tuple[str
         return None
     p = run.data.params
     per_round = int(p["global_batch"]) * int(p["inner_steps"]) * int(p["model.seq_len"])
-    losses = [m.value for m in sorted(client.get_metric_history(run.info.run_id, "eval_loss"), key=lambda m: m.step)]
+    losses = [(m.step, m.value) for m in sorted(client.get_metric_history(run.info.run_id, "eval_loss"), key=lambda m: m.step)]
     return f"{run.data.tags.get('crosscloud.run_id', run.info.run_name)} (single-cluster baseline)", per_round, losses
 
 

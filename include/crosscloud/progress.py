@@ -15,7 +15,8 @@ import sys
 from typing import TextIO
 
 CLOUD_ROUND = re.compile(r"\[([a-z0-9-]+)\] round (\d+):")
-GLOBAL_ROUND = re.compile(r"\bround (\d+): eval loss ([0-9.]+)")  # the coordinator's; a cloud's line matches CLOUD_ROUND first
+# the coordinator's (eval loss only in the rounds it evaluates); a cloud's line matches CLOUD_ROUND first
+GLOBAL_ROUND = re.compile(r"\bround (\d+): (?:eval loss ([0-9.]+), )?wall ")
 CALIBRATION = re.compile(r"calibrating (\d+) single-cluster rounds")
 STAGE = re.compile(r"\[DAG TEST\] end task|placement [a-z]|cloud [a-z0-9-]+: share|preheat: |baseline: |eval loss [0-9.]+ -> ")
 # what Airflow puts around a task's printed line
@@ -56,7 +57,8 @@ class Progress:
         if m := CLOUD_ROUND.search(line):
             self.clouds[m[1]] = max(self.clouds.get(m[1], 0), int(m[2]) + 1)
         elif m := GLOBAL_ROUND.search(line):
-            self.done, self.eval_loss = int(m[1]) + 1, float(m[2])
+            self.done = int(m[1]) + 1
+            self.eval_loss = self.eval_loss if m[2] is None else float(m[2])
         elif STAGE.search(line):
             self._print(clean(line))
             if m := CALIBRATION.search(line):

@@ -41,14 +41,11 @@ class RunView:
     clouds: list[dict]  # name, accelerator, devices, share, method
     candidates: list[dict]  # cloud, accelerator, chosen, reason
     timeline: dict[str, list[RoundSlice]]
-    eval_loss: list[float]
+    rounds_done: int
+    eval_loss: list[tuple[int, float]]  # (round, eval loss after it), for the rounds the coordinator evaluated
     metrics: dict = field(default_factory=dict)  # the summary's whole-run metrics once finished
     baseline: dict | None = None
     tracking: dict = field(default_factory=dict)  # experiment_id, parent_run_id, child_run_ids
-
-    @property
-    def rounds_done(self) -> int:
-        return len(self.eval_loss)
 
 
 def slice_of(round_: int, rec: dict) -> RoundSlice:
@@ -90,7 +87,8 @@ def load_run(fed: Federation, tenant: str, run_id: str) -> RunView:
                 for c in plan.clouds],
         candidates=[c.model_dump() for c in plan.candidates],
         timeline=timeline,
-        eval_loss=[r["eval_loss"] for r in history],
+        rounds_done=len(history),
+        eval_loss=[(r["round"], r["eval_loss"]) for r in history if r.get("eval_loss") is not None],
         metrics=summary["metrics"] if summary else {},
         baseline=summary["baseline"] if summary else None,
         tracking=plan.tracking,

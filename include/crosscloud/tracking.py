@@ -64,6 +64,8 @@ class Tracker:
             "placement": spec.placement,
             "inner_lr": spec.inner_lr,
             "local_lr_scaling": spec.local_lr_scaling,
+            "overlap": spec.overlap,
+            "fold_mix": spec.fold_mix,
             "outer_lr": plan.outer["lr"],
             "outer_momentum": plan.outer["momentum"],
             "devices_total": sum(c.devices for c in plan.clouds),
@@ -106,7 +108,8 @@ class Tracker:
 
         tr, r, h = plan.tracking, record["round"], plan.spec.inner_steps
         lost, refused = record.get("lost", {}), record.get("refused", {})
-        self.log_metrics(tr["parent_run_id"], {"eval_loss": record["eval_loss"], "round_wall_s": record["wall_s"],
+        evaluated = {} if record["eval_loss"] is None else {"eval_loss": record["eval_loss"]}
+        self.log_metrics(tr["parent_run_id"], {**evaluated, "round_wall_s": record["wall_s"],
                                                "clouds_lost": len(lost), "contributions_refused": len(refused)}, step=r)
         now = int(time.time() * 1000)
         for cloud, rec in record["clouds"].items():

@@ -22,6 +22,7 @@ import torch.distributed as dist
 
 from crosscloud.commit import put_object, read_commit, read_object, write_step
 from crosscloud.compression import ErrorFeedback
+from crosscloud.checkpoint import PARAMS, global_params
 from crosscloud.federation import load_federation
 from crosscloud.job import local_lr
 from crosscloud.model import build_model, lm_loss
@@ -68,9 +69,11 @@ class DelayedGlobal:
     missing a whole round later.
     """
 
-    def __init__(self, params: dict[str, torch.Tensor], meta: dict):
+    def __init__(self, params: dict[str, torch.Tensor], meta: dict, mix: float = 0.0):
         self.params, self.round, self.metas = params, 0, {0: meta}
         self.own: dict[int, dict[str, torch.Tensor]] = {}
+        self.mix = mix
+        self.drift: dict[str, torch.Tensor] = {}  # how far the model stays from where blocking rounds would have it
 
     def record(self, round_: int, progress: dict[str, torch.Tensor]) -> None:
         """This cloud's progress of ``round_``, kept until the global that contains it arrives."""
@@ -81,9 +84,20 @@ class DelayedGlobal:
         return self.round in self.own
 
     def correction(self, params: dict[str, torch.Tensor], meta: dict) -> dict[str, torch.Tensor]:
-        """Global ``self.round + 1`` arrived: what to add to the model (and to its round base)."""
+        """Global ``self.round + 1`` arrived: what to add to the model (and to its round base).
+
+        The whole correction puts the model where blocking rounds would have it (the global
+        plus the running round's progress). With ``mix`` (Streaming DiLoCo's mixing factor)
+        the model keeps that share of its distance from there, so the steps it already took
+        from its own unaveraged point are not undone at once; the globals, built only from
+        progress, do not change.
+        """
         own = self.own.pop(self.round)
         fix = {n: params[n] - self.params[n] - own[n] for n in params}
+        if self.mix:
+            gap = {n: fix[n] - self.drift.get(n, 0.0) for n in fix}
+            self.drift = {n: -self.mix * g for n, g in gap.items()}
+            fix = {n: (1.0 - self.mix) * g for n, g in gap.items()}
         self.params, self.round = params, self.round + 1
         self.metas[self.round] = meta
         return fix
@@ -133,14 +147,14 @@ def train(plan: Plan, cloud: str, store: ObjectStore) -> None:
     feedback = ErrorFeedback() if plan.compression == "int8" else None
     t0 = time.perf_counter()
     commit = wait_for_commit(store, keys.global_step(0), keys.stop, spec.round_timeout_s)
-    params = from_bytes(read_object(store, commit, "params.safetensors"))
+    params = from_bytes(read_object(store, commit, PARAMS))
     model.load_state_dict(params)
-    known = DelayedGlobal(params, commit["meta"])
+    known = DelayedGlobal(params, commit["meta"], mix=spec.fold_mix if plan.overlap else 0.0)
     base = _snapshot(model)
 
     def fold_in(commit: dict) -> None:
         nonlocal base
-        fix = known.correction(from_bytes(read_object(store, commit, "params.safetensors")), commit["meta"])
+        fix = known.correction(global_params(store, commit, known.params), commit["meta"])
         model.load_state_dict({n: t + fix[n] for n, t in _snapshot(model).items()})
         base = {n: t + fix[n] for n, t in base.items()}  # the running round's progress stays its own
 

@@ -152,7 +152,7 @@ def _run_view(dag_id: str, run_id: str) -> str:
     numbers = [
         ["rounds", f"<span id='rounds-done'>{v.rounds_done}</span>/{v.rounds} ({escape(v.state)})"],
         ["eval loss", f"{_fmt(m.get('eval_loss_start'), '.4f')} at start -> <span id='final-eval-loss'>"
-                      f"{_fmt(m.get('final_eval_loss', v.eval_loss[-1] if v.eval_loss else None), '.4f')}</span>"],
+                      f"{_fmt(m.get('final_eval_loss', v.eval_loss[-1][1] if v.eval_loss else None), '.4f')}</span>"],
         ["iteration time", _fmt(m["iteration_time_s"] * 1000 if m.get("iteration_time_s") else None, ".1f", " ms/step")],
         ["single-cluster baseline", f"{_fmt(b['iteration_time_s'] * 1000, '.1f', ' ms/step')} (run {escape(b['run_id'])}, {escape(b['source'])})"
                                     if b else "<span class='muted'>none</span>"],

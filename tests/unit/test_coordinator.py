@@ -69,6 +69,7 @@ def test_resumes_after_last_committed_round_and_never_applies_one_twice(planned)
 
 
 @pytest.mark.faults
+@pytest.mark.parametrize("planned", [{"eval_every_steps": 1}], indirect=True)  # every round evaluated
 def test_a_crash_between_publishing_a_round_and_recording_it_loses_no_record(planned):
     plan, stores = planned
     home, key = stores[plan.coordinator_cloud], f"{plan.keys.root}/history.json"

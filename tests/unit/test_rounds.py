@@ -13,14 +13,14 @@ from crosscloud.partition import rebalance_shares
 from crosscloud.worker import DelayedGlobal
 
 
-def _run(progress: list[list[float]], cfg: OuterConfig, lag: list[int] | None) -> tuple[list[float], list[list[float]]]:
+def _run(progress: list[list[float]], cfg: OuterConfig, lag: list[int] | None, mix: float = 0.0) -> tuple[list[float], list[list[float]]]:
     """Two workers whose training moves a scalar by progress[r][c] each round, in equal steps.
 
     ``lag[r]``: how many of round r + 1's steps pass before global r + 1 is folded in
     (``None``: blocking rounds). Returns the global params after every round and where each
     worker ends every round."""
     theta, buf = [torch.tensor([0.0])], None
-    known = [DelayedGlobal({"w": theta[0]}, {}) for _ in (0, 1)]
+    known = [DelayedGlobal({"w": theta[0]}, {}, mix=mix) for _ in (0, 1)]
     x, ends = [torch.tensor([0.0]), torch.tensor([0.0])], []
     for r, moves in enumerate(progress):
         steps, fold_at = 4, (lag[r - 1] if lag and r > 0 else None)
@@ -55,6 +55,17 @@ def test_overlapped_rounds_by_hand():
     assert ends[1] == [1.0 + 2.0, 1.0 + 2.0]
     # round 2: global 2 = 2 replaces global 1 + own round-1 progress = 3, plus own round 2 (4, 0)
     assert ends[2] == [2.0 + 4.0, 2.0 + 0.0]
+
+
+def test_a_mixed_fold_keeps_half_the_drift_and_leaves_the_globals_alone():
+    cfg = OuterConfig(lr=0.5, momentum=0.0)
+    theta, ends = _run([[1.0, 3.0], [2.0, 2.0], [4.0, 0.0]], cfg, lag=[1, 3], mix=0.5)
+    assert theta == [0.0, 1.0, 2.0, 3.0]  # the same globals as the whole fold's
+    # round 1: worker 1 (3 where global 1 = 1 would have it at 1) moves half the way: 2, plus its round (2)
+    assert ends[1] == [1.0 + 2.0, 2.0 + 2.0]
+    # round 2: worker 0 is 1 above global 2 + its round-2 progress, worker 1 is 2 above (its kept 1
+    # and this round's 1): each moves half the way
+    assert ends[2] == [2.0 + 4.0 + 0.5, 2.0 + 0.0 + 1.0]
 
 
 def test_fold_timing_does_not_change_where_a_round_ends():
@@ -122,3 +133,12 @@ def test_unknown_lr_scaling_is_refused():
     with pytest.raises(JobSpecError, match="local_lr_scaling"):
         JobSpec(local_lr_scaling="cubic")
 
+
+def test_the_global_is_evaluated_every_eval_every_steps_and_after_the_last_round():
+    spec = JobSpec(rounds=10, inner_steps=10, eval_every_steps=40)
+    assert [r for r in range(10) if spec.evaluates_after(r)] == [3, 7, 9]
+    # rounds that do not divide it: the first round whose end reaches the next multiple
+    spec = JobSpec(rounds=5, inner_steps=25, eval_every_steps=40)
+    assert [r for r in range(5) if spec.evaluates_after(r)] == [1, 3, 4]
+    with pytest.raises(JobSpecError, match="eval_every_steps"):
+        JobSpec(eval_every_steps=0)
