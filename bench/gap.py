@@ -182,7 +182,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def sweep(base: dict, folder: Path, tag: str, rtt: float, log, sizes: list[str], bandwidths: list[float]) -> str:
     """Gap of cross-cloud against single-cluster sync over model sizes x link bandwidths."""
-    short = {**base, "rounds": 6, "inner_steps": 20}
+    short = {**base, "rounds": max(2, 120 // base["inner_steps"])}  # the main run's rounds, about 120 steps
     lines = [f"sweep ({short['rounds']} rounds x {short['inner_steps']} steps): iteration-time gap % vs single-cluster sync",
              f"{'model':<8}" + "".join(f"{f'{b:g} Mbit/s':>14}" for b in bandwidths)]
     for size in sizes:

@@ -19,8 +19,10 @@ import pytest
 import torch
 
 from crosscloud.backends import get_backend
+from crosscloud.checkpoint import quantized_global
 from crosscloud.commit import read_commit
-from crosscloud.coordinator import load_global, load_history, outer_config
+from crosscloud.compression import ErrorFeedback
+from crosscloud.coordinator import load_global, load_history, load_residual, outer_config
 from crosscloud.federation import load_federation
 from crosscloud.job import JobSpec
 from crosscloud.membership import activate, drain
@@ -135,7 +137,10 @@ def test_a_killed_coordinator_resumes_and_applies_every_round_exactly_once():
         params, momentum, meta = load_global(home, plan, r)
         commits = {c: read_commit(stores[c], plan.keys.cloud_step(c, r)) for c in record["clouds"]}
         deltas, _ = screen(stores, commits, params, record["shares"])
-        expected, _ = outer_step(params, weighted_mean(deltas, record["shares"]), momentum, outer_config(plan))
+        stepped, _ = outer_step(params, weighted_mean(deltas, record["shares"]), momentum, outer_config(plan))
+        feedback = ErrorFeedback()  # the global is the one every cloud holds: params plus the int8 update
+        feedback.residual = load_residual(home, plan, r) or {}
+        expected, _ = quantized_global(params, stepped, feedback)
         after, _, published = load_global(home, plan, r + 1)
         assert published["round"] == r
         assert all(torch.allclose(expected[n], after[n]) for n in after), f"round {r} is not applied exactly once"
