@@ -123,8 +123,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--bandwidth-mbps", type=float, default=100.0)
     p.add_argument("--rtt-ms", type=float, default=50.0)
     p.add_argument("--model-size", default="small")
-    p.add_argument("--rounds", type=int, default=40)
-    p.add_argument("--inner-steps", type=int, default=10)
+    p.add_argument("--rounds", type=int, default=20)
+    p.add_argument("--inner-steps", type=int, default=20)
     p.add_argument("--global-batch", type=int, default=24)
     p.add_argument("--inner-lr", type=float, default=JobSpec.inner_lr)
     p.add_argument("--local-lr-scaling", default=JobSpec.local_lr_scaling, choices=["none", "sqrt", "linear"],

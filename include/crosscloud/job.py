@@ -25,8 +25,8 @@ class JobSpecError(ValueError):
 class JobSpec:
     tenant: str = "team-a"
     clouds: list[str] = field(default_factory=list)  # empty: every active cloud the tenant may use
-    rounds: int = 20
-    inner_steps: int = 10
+    rounds: int = 10
+    inner_steps: int = 20
     model_size: str = "small"
     global_batch: int = 24
     devices_per_cloud: int = 1
@@ -42,7 +42,7 @@ class JobSpec:
     outer_momentum: float = 0.0
     round_timeout_s: float = 600.0
     # the coordinator evaluates the global on the held-out bytes when this many more steps are trained, and
-    # after the last round: evaluating is forward passes over 16k tokens, a fifth of a 10-step round's compute
+    # after the last round: evaluating is forward passes over 16k tokens, a tenth of a 20-step round's compute
     eval_every_steps: int = 40
     overlap: bool = True
     # overlap: the share of its own drift a cloud keeps when a late global is folded in, see worker.DelayedGlobal
