@@ -25,8 +25,8 @@ from collections.abc import Callable
 import torch
 
 from crosscloud.backends import Backend, Handle, get_backend
-from crosscloud.commit import IntegrityError, read_commit, read_object, write_step
 from crosscloud.checkpoint import MOMENTUM, PARAMS, RESIDUAL, UPDATE, for_others, quantized_global
+from crosscloud.commit import IntegrityError, read_commit, read_object, write_step
 from crosscloud.compression import ErrorFeedback
 from crosscloud.ledger import Ledger
 from crosscloud.model import build_model, evaluate
@@ -92,9 +92,9 @@ def publish_global(stores: dict[str, ObjectStore], home: str, plan: Plan, round_
     restarted coordinator completes (``run`` re-publishes it where it is missing).
     Only the coordinator's store keeps the outer optimizer state: no other cloud
     needs it, so it never crosses a link; where the global has an int8 update,
-    the other clouds get only that (``checkpoint.for_others``). A collaboration store still failing
-    past its retry deadline loses that cloud, not the run; the own store's
-    failure stops the run (nothing is committed without it).
+    the other clouds get only that (``checkpoint.for_others``). A collaboration
+    store still failing past its retry deadline loses that cloud, not the run;
+    the own store's failure stops the run (nothing is committed without it).
     """
     unreachable = {}
     for name in sorted(stores, key=lambda n: n != home):

@@ -20,9 +20,9 @@ import zlib
 import torch
 import torch.distributed as dist
 
+from crosscloud.checkpoint import PARAMS, global_params
 from crosscloud.commit import put_object, read_commit, read_object, write_step
 from crosscloud.compression import ErrorFeedback
-from crosscloud.checkpoint import PARAMS, global_params
 from crosscloud.federation import load_federation
 from crosscloud.job import local_lr
 from crosscloud.model import build_model, lm_loss
