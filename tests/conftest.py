@@ -7,6 +7,7 @@ when it is first imported.
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -61,6 +62,15 @@ def ledger(tmp_path):
 @pytest.fixture(scope="session")
 def state_dir() -> Path:
     return _STATE
+
+
+def pytest_sessionfinish(session, exitstatus) -> None:
+    """Remove the session's state folder (runs' stores, databases: hundreds of MB) when every test passed;
+    a failed session keeps it to look into."""
+    if exitstatus == 0:
+        shutil.rmtree(_STATE, ignore_errors=True)
+    else:
+        print(f"\ntest state kept in {_STATE}", file=sys.stderr)
 
 
 @pytest.fixture(scope="session")
