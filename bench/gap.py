@@ -33,7 +33,7 @@ from pathlib import Path
 import yaml
 
 from crosscloud.baseline import gap_pct, iteration_time, round_seconds
-from crosscloud.job import JobSpec
+from crosscloud.job import LR_SCALINGS, JobSpec
 from crosscloud.pipeline import run_job
 from crosscloud.storage import state_dir
 
@@ -127,7 +127,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--inner-steps", type=int, default=20)
     p.add_argument("--global-batch", type=int, default=24)
     p.add_argument("--inner-lr", type=float, default=JobSpec.inner_lr)
-    p.add_argument("--local-lr-scaling", default=JobSpec.local_lr_scaling, choices=["none", "sqrt", "linear"],
+    p.add_argument("--local-lr-scaling", default=JobSpec.local_lr_scaling, choices=list(LR_SCALINGS),
                    help="a cloud's lr against its share of the global batch (job.local_lr)")
     p.add_argument("--fold-mix", type=float, default=JobSpec.fold_mix,
                    help="overlap: the share of its own drift a cloud keeps when the late global is folded in")

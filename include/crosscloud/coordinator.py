@@ -266,7 +266,7 @@ class Coordinator:
         lost = {c: why for record in history for c, why in record.get("lost", {}).items()}
         missing = {c: s for c, s in self.stores.items() if c not in lost and read_commit(s, plan.keys.global_step(start)) is None}
         if missing:  # re-publish a round a crash left half-published
-            commit = read_commit(home, plan.keys.global_step(start))
+            commit = _global_commit(home, plan, start)
             objects = {name: read_object(home, commit, name) for name in commit["objects"]}
             unreachable = publish_global(missing, self.home, plan, start, objects, meta)
             self.lose(unreachable, start)

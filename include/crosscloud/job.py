@@ -113,8 +113,8 @@ def local_lr(spec: JobSpec, share: int) -> float:
     bench-gap job (2 clouds, lr 3e-3) sqrt took the final eval loss over the single
     cluster's from 1.057 to 1.029 on the small model (best lr about 5e-3; make bench-gap,
     seeds 0-2) and from 1.007 to 1.061 on the base model (best about 2e-3; in-process
-    replay with 10-step rounds, seed 0), so the default leaves the user's lr alone. A single cluster trains the whole batch and keeps inner_lr
-    whatever the rule.
+    replay with 10-step rounds, seed 0), so the default leaves the user's lr alone. A
+    single cluster trains the whole batch and keeps inner_lr whatever the rule.
     """
     k = {"linear": 1.0, "sqrt": 0.5, "none": 0.0}[spec.local_lr_scaling]
     return spec.inner_lr * (spec.global_batch / max(1, share)) ** k

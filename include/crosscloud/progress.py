@@ -58,7 +58,8 @@ class Progress:
             self.clouds[m[1]] = max(self.clouds.get(m[1], 0), int(m[2]) + 1)
         elif m := GLOBAL_ROUND.search(line):
             self.done = int(m[1]) + 1
-            self.eval_loss = self.eval_loss if m[2] is None else float(m[2])
+            if m[2] is not None:  # a round the coordinator evaluated
+                self.eval_loss = float(m[2])
         elif STAGE.search(line):
             self._print(clean(line))
             if m := CALIBRATION.search(line):
