@@ -30,7 +30,7 @@ from crosscloud.commit import IntegrityError, read_commit, read_object, write_st
 from crosscloud.compression import ErrorFeedback
 from crosscloud.ledger import Ledger
 from crosscloud.model import build_model, evaluate
-from crosscloud.outer import SYNCHRONOUS, OuterConfig, outer_step, weighted_mean
+from crosscloud.outer import SYNCHRONOUS, OuterConfig, outer_step, round_config, weighted_mean
 from crosscloud.demand_response import read_directives
 from crosscloud.partition import apportion, rebalance_shares
 from crosscloud.plan import Plan
@@ -50,8 +50,10 @@ class SubTaskLost(RuntimeError):
     """A cloud's sub-task ended or went silent before committing its round."""
 
 
-def outer_config(plan: Plan) -> OuterConfig:
-    return SYNCHRONOUS if plan.spec.mode == "single_cluster" else OuterConfig(**plan.outer)
+def outer_config(plan: Plan, round_: int) -> OuterConfig:
+    """The outer step of a round: a single cluster's rounds adopt the average, as does a run's last round."""
+    spec = plan.spec
+    return SYNCHRONOUS if spec.mode == "single_cluster" else round_config(OuterConfig(**plan.outer), round_, spec.rounds)
 
 
 def latest_global_round(store: ObjectStore, plan: Plan) -> int:
@@ -249,7 +251,6 @@ class Coordinator:
 
     def run(self) -> list[dict]:
         plan, spec, home = self.plan, self.plan.spec, self.stores[self.home]
-        cfg = outer_config(plan)
         torch.set_num_threads(1)  # the cores belong to the sub-tasks; one thread keeps the coordinator prompt
         start = latest_global_round(home, plan)
         if start < 0:
@@ -283,7 +284,7 @@ class Coordinator:
                 self.log(f"round {r}: refused the contribution of cloud {cloud}: {why}; the round goes on without it")
             if not deltas:
                 raise IntegrityError(f"round {r}: every contribution was refused: {refused}")
-            new, momentum = outer_step(params, weighted_mean(deltas, {c: float(n) for c, n in shares.items()}), momentum, cfg)
+            new, momentum = outer_step(params, weighted_mean(deltas, {c: float(n) for c, n in shares.items()}), momentum, outer_config(plan, r))
             update = None
             if feedback:
                 new, update = quantized_global(params, new, feedback)

@@ -137,7 +137,7 @@ def test_a_killed_coordinator_resumes_and_applies_every_round_exactly_once():
         params, momentum, meta = load_global(home, plan, r)
         commits = {c: read_commit(stores[c], plan.keys.cloud_step(c, r)) for c in record["clouds"]}
         deltas, _ = screen(stores, commits, params, record["shares"])
-        stepped, _ = outer_step(params, weighted_mean(deltas, record["shares"]), momentum, outer_config(plan))
+        stepped, _ = outer_step(params, weighted_mean(deltas, record["shares"]), momentum, outer_config(plan, r))
         feedback = ErrorFeedback()  # the global is the one every cloud holds: params plus the int8 update
         feedback.residual = load_residual(home, plan, r) or {}
         expected, _ = quantized_global(params, stepped, feedback)

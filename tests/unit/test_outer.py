@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from crosscloud.outer import SYNCHRONOUS, OuterConfig, outer_step, weighted_mean
+from crosscloud.outer import SYNCHRONOUS, OuterConfig, outer_step, round_config, weighted_mean
 
 
 def test_weighted_mean_by_samples():
@@ -44,3 +44,14 @@ def test_synchronous_config_adopts_the_averaged_local_params():
     global_w, local_w = torch.tensor([1.0, 2.0]), torch.tensor([0.5, 2.5])
     params, _ = outer_step({"w": global_w}, {"w": global_w - local_w}, None, SYNCHRONOUS)
     assert torch.equal(params["w"], local_w)
+
+
+def test_last_round_hands_over_the_clouds_average_not_an_extrapolation():
+    cfg = OuterConfig(lr=1.4, momentum=0.9)
+    assert [round_config(cfg, r, 3) for r in range(3)] == [cfg, cfg, SYNCHRONOUS]
+    params, buf = outer_step({"w": torch.tensor([1.0])}, {"w": torch.tensor([0.5])}, None, round_config(cfg, 0, 2))
+    assert params["w"].item() == pytest.approx(1.0 - 1.4 * (0.5 + 0.9 * 0.5))  # extrapolated past 0.5
+    # the clouds end the last round at 0.2 and 0.4 (pseudo-gradients params - local): the run's model is their mean
+    deltas = {"a": {"w": params["w"] - 0.2}, "b": {"w": params["w"] - 0.4}}
+    final, _ = outer_step(params, weighted_mean(deltas, {"a": 1.0, "b": 1.0}), buf, round_config(cfg, 1, 2))
+    assert final["w"].item() == pytest.approx(0.3)
