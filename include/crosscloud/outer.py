@@ -52,8 +52,12 @@ def outer_step(
     delta: dict[str, torch.Tensor],
     momentum: dict[str, torch.Tensor] | None,
     cfg: OuterConfig,
-) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
-    """One Nesterov SGD step on ``params`` with gradient ``delta``; returns (params, momentum)."""
+) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor] | None]:
+    """One Nesterov SGD step on ``params`` with gradient ``delta``; returns (params, momentum).
+
+    Without momentum the buffer is None: there is nothing to carry to the next round, so
+    the coordinator stores none (a params-sized object a round).
+    """
     new_params, new_momentum = {}, {}
     for name, p in params.items():
         g = delta[name].to(p.dtype)
@@ -61,4 +65,4 @@ def outer_step(
         step = g + cfg.momentum * buf
         new_params[name] = p - cfg.lr * step
         new_momentum[name] = buf
-    return new_params, new_momentum
+    return new_params, (new_momentum if cfg.momentum else None)

@@ -42,8 +42,9 @@ def test_matches_torch_sgd_nesterov():
 
 def test_synchronous_config_adopts_the_averaged_local_params():
     global_w, local_w = torch.tensor([1.0, 2.0]), torch.tensor([0.5, 2.5])
-    params, _ = outer_step({"w": global_w}, {"w": global_w - local_w}, None, SYNCHRONOUS)
+    params, momentum = outer_step({"w": global_w}, {"w": global_w - local_w}, None, SYNCHRONOUS)
     assert torch.equal(params["w"], local_w)
+    assert momentum is None  # nothing for the coordinator to store
 
 
 def test_last_round_hands_over_the_clouds_average_not_an_extrapolation():
