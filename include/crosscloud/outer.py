@@ -60,9 +60,10 @@ def outer_step(
     """
     new_params, new_momentum = {}, {}
     for name, p in params.items():
-        g = delta[name].to(p.dtype)
-        buf = g.clone() if momentum is None else cfg.momentum * momentum[name] + g
-        step = g + cfg.momentum * buf
+        step = delta[name].to(p.dtype)
+        if cfg.momentum:
+            buf = step.clone() if momentum is None else cfg.momentum * momentum[name] + step
+            new_momentum[name] = buf
+            step = step + cfg.momentum * buf
         new_params[name] = p - cfg.lr * step
-        new_momentum[name] = buf
     return new_params, (new_momentum if cfg.momentum else None)
