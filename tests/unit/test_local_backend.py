@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 
+import psutil
 import pytest
 
 from crosscloud.backends import SubTaskError, SubTaskSpec, get_backend
@@ -58,3 +59,30 @@ def test_unknown_access_method_is_named():
 def test_a_missing_worker_environment_is_refused_before_starting():
     with pytest.raises(SubTaskError, match="lacks 'no_such_module_here'"):
         get_backend("local").start(_spec("env", "no_such_module_here", []))
+
+
+def test_a_clock_step_does_not_make_a_running_subtask_lost(monkeypatch):
+    """NTP or a VM resumed from a snapshot steps the wall clock; a running sub-task must stay running."""
+    backend = get_backend("local")
+    handle = backend.start(_spec("clock", "timeit", ["-n", "1000000000", "pass"]))
+    try:
+        real_boot_time = psutil._psplatform.boot_time  # what psutil derives every wall-clock create time from
+        monkeypatch.setattr(psutil._psplatform, "boot_time", lambda: real_boot_time() + 3600.0)
+        assert backend.state(handle) == "running"
+        assert backend.used_devices()["c1"]["cpu"] == 1
+    finally:
+        monkeypatch.undo()
+        backend.stop(handle)
+
+
+def test_another_process_under_the_same_pid_is_not_the_subtask():
+    backend = get_backend("local")
+    handle = backend.start(_spec("reused", "timeit", ["-n", "1000000000", "pass"]))
+    try:
+        assert backend.state(handle) == "running"
+        reused = {**handle, "started_since_boot": handle["started_since_boot"] - 5.0}  # the pid's earlier owner
+        assert backend.state(reused) == "lost"
+        assert backend.exit_code(reused) is None
+    finally:
+        backend.stop(handle)
+

@@ -28,6 +28,21 @@ def _subtasks_root() -> Path:
     return state_dir() / "subtasks"
 
 
+def _started_since_boot(pid: int) -> float:
+    """When process ``pid`` started, in seconds since boot.
+
+    Its wall-clock create time moves whenever the clock is stepped (NTP, a VM
+    resumed from a snapshot), which made a running sub-task look like another
+    process, lost; time since boot does not move. Read again if the clock
+    stepped between the two reads.
+    """
+    while True:
+        boot = psutil.boot_time()
+        created = psutil.Process(pid).create_time()
+        if psutil.boot_time() == boot:
+            return created - boot
+
+
 class LocalBackend(Backend):
     name = "local"
 
@@ -80,7 +95,7 @@ class LocalBackend(Backend):
             "tenant": spec.tenant,
             "run_id": spec.run_id,
             "pid": proc.pid,
-            "create_time": psutil.Process(proc.pid).create_time(),
+            "started_since_boot": _started_since_boot(proc.pid),
             "accelerator": spec.accelerator,
             "devices": spec.devices,
             "log": str(log),
@@ -94,7 +109,8 @@ class LocalBackend(Backend):
     def _process(self, handle: Handle) -> psutil.Process | None:
         try:
             proc = psutil.Process(handle["pid"])
-            if abs(proc.create_time() - handle["create_time"]) > 1 or proc.status() == psutil.STATUS_ZOMBIE:
+            # another process under a reused pid, or a handle of an older version (no start time since boot)
+            if abs(_started_since_boot(proc.pid) - handle.get("started_since_boot", -1.0)) > 0.01 or proc.status() == psutil.STATUS_ZOMBIE:
                 return None
             return proc
         except psutil.NoSuchProcess:
@@ -130,8 +146,8 @@ class LocalBackend(Backend):
                 os.killpg(pgid, sig)
             except ProcessLookupError:
                 return
-            deadline = time.time() + wait
-            while time.time() < deadline:
+            deadline = time.monotonic() + wait
+            while time.monotonic() < deadline:
                 if self._process(handle) is None:
                     return
                 time.sleep(0.1)
