@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from pathlib import Path
 
 import psutil
 import pytest
@@ -86,3 +87,17 @@ def test_another_process_under_the_same_pid_is_not_the_subtask():
     finally:
         backend.stop(handle)
 
+
+def test_a_subtask_ending_while_its_state_is_read_is_not_lost(monkeypatch):
+    backend = get_backend("local")
+    handle = backend.start(_spec("ending", "timeit", ["-n", "1", "-r", "1", "pass"]))
+    assert _wait(backend, handle) == "succeeded"
+    rc = Path(handle["rc"])
+    code = rc.read_text()
+    rc.unlink()
+
+    def ends_now(_handle):  # the sub-task writes its rc and exits between the two looks
+        rc.write_text(code)
+
+    monkeypatch.setattr(backend, "_process", ends_now)
+    assert backend.state(handle) == "succeeded"

@@ -117,10 +117,11 @@ class LocalBackend(Backend):
             return None
 
     def state(self, handle: Handle) -> str:
+        alive = self._process(handle) is not None  # before rc: a sub-task ending in between has written its rc
         rc = Path(handle["rc"])
         if rc.exists():
             return "succeeded" if rc.read_text().strip() == "0" else "failed"
-        return "running" if self._process(handle) else "lost"
+        return "running" if alive else "lost"
 
     def exit_code(self, handle: Handle) -> int | None:
         rc = Path(handle["rc"])

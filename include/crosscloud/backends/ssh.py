@@ -181,9 +181,10 @@ class SSHBackend(Backend):
     @staticmethod
     def _ask_state(handle: Handle) -> str:
         folder, pid = shlex.quote(handle["folder"]), int(handle["pid"])
-        # rc first: a finished sub-task's code; else whether its process session is still alive
+        # a finished sub-task's rc, else whether its process session was alive; alive is asked first, so
+        # that a sub-task ending in between is read by its rc, never taken for lost
         _, out = _run(handle["cloud"], handle["access"],
-                      f"cat {folder}/rc 2>/dev/null || {{ kill -0 {pid} 2>/dev/null && echo running || echo lost; }}")
+                      f"kill -0 {pid} 2>/dev/null && s=running || s=lost; cat {folder}/rc 2>/dev/null || echo $s")
         out = out.strip()
         return out if out in ("running", "lost") else ("succeeded" if out == "0" else "failed")
 
