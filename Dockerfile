@@ -45,8 +45,8 @@ RUN set -eux; \
 COPY pyproject.toml README.md ./
 COPY include ./include
 COPY plugins ./plugins
-RUN pip install --no-deps . && python -c "import torch, crosscloud.worker" \
+RUN pip install --no-deps . && python -c "import torch, crosscloud.training.worker" \
     && useradd --create-home --uid 10001 crosscloud
 USER crosscloud
-# the command comes from the backend (torchrun or python -m crosscloud.worker ...)
-CMD ["python", "-m", "crosscloud.worker", "--help"]
+# the command comes from the backend (torchrun or python -m crosscloud.training.worker ...)
+CMD ["python", "-m", "crosscloud.training.worker", "--help"]

@@ -31,18 +31,18 @@ import sys
 import threading
 import time
 
-from crosscloud.demand_response import respond, restore, verify
-from crosscloud.federation import load_federation
-from crosscloud.job import JobSpec
-from crosscloud.names import RunKeys
-from crosscloud.pipeline import run_job
-from crosscloud.power import fit_power_curve
-from crosscloud.storage import open_store
+from crosscloud.core.federation import load_federation
+from crosscloud.core.job import JobSpec
+from crosscloud.core.keys import RunKeys
+from crosscloud.energy.power import fit_power_curve
+from crosscloud.grid.demand_response import respond, restore, verify
+from crosscloud.pipeline.stages import run_job
+from crosscloud.store.open_store import open_store
 
 
 def history(fed, tenant: str, run_id: str) -> list[dict]:
     home = open_store(fed.local_cloud, tenant)
-    key = f"{RunKeys(tenant, run_id).root}/history.json"
+    key = RunKeys(tenant, run_id).history
     return json.loads(home.get(key)) if home.exists(key) else []
 
 

@@ -32,7 +32,7 @@ Scenario (defaults; every one is an argument):
   ``(8 + 3 x cloud index) mod 24`` h UTC with ``--requests`` requests of
   ``--request-device-s`` device-seconds each and a deadline ``--batch-slack-h``
   (24 h) later; divisible over clouds and hours. Same residency rule.
-* **Clouds**: V100s at 300 W full power (``crosscloud.power``), PUE ``--pue``
+* **Clouds**: V100s at 300 W full power (``crosscloud.energy.power``), PUE ``--pue``
   (1.2), rental ``--rental`` USD/device-hour, the same everywhere, so the
   effective price differs only through electricity. **Capacity**: each cloud
   gets the whole number of devices that makes its *offered load* -- the
@@ -41,7 +41,7 @@ Scenario (defaults; every one is an argument):
   clusters), and at least the largest job's devices. Achieved loads are
   printed.
 
-Policies on the same workload (``crosscloud.timing``): **price-unaware**
+Policies on the same workload (``crosscloud.research.price_timing``): **price-unaware**
 (least-loaded, as soon as possible), **crosscloud** (online price-aware, at
 each decision only day-ahead prices already published and a seasonal-naive
 forecast beyond: by default ``--policy price-lp``, a rolling plan re-made
@@ -74,11 +74,11 @@ from pathlib import Path
 
 import numpy as np
 
-from crosscloud.electricity import UTC, CsvFeed, PriceOracle, check, choose_lag, evaluate_forecast, hour_index
-from crosscloud.power import device_power
-from crosscloud.storage import data_dir
-from crosscloud.timing import BatchJob, CloudSpec, TrainingJob, account, optimum, schedule
-from crosscloud.traces import read_throughputs, read_trace
+from crosscloud.core.paths import data_dir
+from crosscloud.energy.power import device_power
+from crosscloud.energy.prices import UTC, CsvFeed, PriceOracle, check, choose_lag, evaluate_forecast, hour_index
+from crosscloud.research.price_timing import BatchJob, CloudSpec, TrainingJob, account, optimum, schedule
+from crosscloud.research.traces import read_throughputs, read_trace
 
 DEFAULT_REGIONS = "DE-LU,FR,ES,US-CAL-CISO,US-TEX-ERCO,SG"
 DEFAULT_VCS = "6214e9,6c71a0,b436b2,ee9e8c,11cb48"

@@ -52,7 +52,7 @@ from pathlib import Path
 import yaml
 
 FAULTS = ("kill", "outage", "corrupt", "poison", "drain", "coordinator")
-COORDINATOR = "import sys; from crosscloud.pipeline import RunRef, run_handles, sync_stage; " \
+COORDINATOR = "import sys; from crosscloud.pipeline.stages import RunRef, run_handles, sync_stage; " \
               "ref = RunRef(*sys.argv[1:4]); sync_stage(ref, run_handles(ref), log=print)"
 Detect = Callable[[list[dict]], bool]
 Outcome = tuple[dict | None, Detect, int]  # the summary (None: the run failed), detection, committed bytes lost
@@ -62,21 +62,21 @@ class Bench:
     """The runs of one schedule on the federation at ``fed_path``; ``cloud`` is the one the faults hit."""
 
     def __init__(self, spec, fed_path: str, cloud: str, at_round: int):
-        from crosscloud.federation import load_federation
+        from crosscloud.core.federation import load_federation
 
         self.spec, self.fed_path, self.cloud, self.at_round = spec, fed_path, cloud, at_round
         self.fed = load_federation(fed_path)
         self.damaged: set[tuple[str, str]] = set()  # (cloud, key) of the objects the benchmark damaged itself
 
     def store(self, cloud: str):
-        from crosscloud.storage import open_store
+        from crosscloud.store.open_store import open_store
 
         return open_store(self.fed.cloud(cloud), self.spec.tenant)
 
     def history(self, run_id: str) -> list[dict]:
-        from crosscloud.names import RunKeys
+        from crosscloud.core.keys import RunKeys
 
-        key, home = f"{RunKeys(self.spec.tenant, run_id).root}/history.json", self.store(self.fed.local_cloud.name)
+        key, home = RunKeys(self.spec.tenant, run_id).history, self.store(self.fed.local_cloud.name)
         return json.loads(home.get(key)) if home.exists(key) else []
 
     def at(self, run_id: str, action: Callable[[], None], done: threading.Event) -> threading.Thread:
@@ -93,7 +93,7 @@ class Bench:
 
     def run(self, run_id: str, action: Callable[[], None] | None = None) -> dict | None:
         """A run of the engine's stages with ``action`` injected; its summary, or None when it failed."""
-        from crosscloud.pipeline import run_job
+        from crosscloud.pipeline.stages import run_job
 
         done = threading.Event()
         watcher = self.at(run_id, action, done) if action else None
@@ -123,8 +123,8 @@ class Bench:
         beijing has not committed, so the cloud's delta of that round is damaged
         as soon as it is committed, and beijing resumed.
         """
-        from crosscloud.commit import read_commit
-        from crosscloud.plan import Plan
+        from crosscloud.run.plan import Plan
+        from crosscloud.store.commit import read_commit
 
         store, beijing = self.store(self.cloud), self.store("beijing")
         plan = Plan.load(store, self.spec.tenant, run_id)
@@ -152,11 +152,11 @@ class Bench:
 
     def poison(self, store, commit: dict, plan) -> None:
         """The delta replaced by 1000x itself, the commit re-written to vouch for it: well-formed and sha256-consistent."""
-        from crosscloud.commit import sha256
-        from crosscloud.compression import encode
-        from crosscloud.coordinator import load_global
-        from crosscloud.screening import read_delta
-        from crosscloud.tensors import to_bytes
+        from crosscloud.store.digest import sha256
+        from crosscloud.store.tensors import to_bytes
+        from crosscloud.training.compression import encode
+        from crosscloud.training.coordinator import load_global
+        from crosscloud.training.screening import read_delta
 
         params = load_global(store, plan, 0)[0]
         delta = {n: 1000.0 * t for n, t in read_delta(store, self.cloud, commit, params).items()}
@@ -178,9 +178,9 @@ class Bench:
         in the store of every cloud that was not lost (a missing one counts its
         params' size).
         """
-        from crosscloud.commit import read_commit, read_object
-        from crosscloud.names import RunKeys
-        from crosscloud.storage import StoreError
+        from crosscloud.core.keys import RunKeys
+        from crosscloud.store.base import StoreError
+        from crosscloud.store.commit import read_commit, read_object
 
         keys, lost = RunKeys(self.spec.tenant, run_id), 0
         history = self.history(run_id)
@@ -231,8 +231,8 @@ def poison(bench: Bench, run_id: str, args) -> Outcome:
 
 
 def drain(bench: Bench, run_id: str, args) -> Outcome:
-    from crosscloud.membership import activate
-    from crosscloud.membership import drain as set_draining
+    from crosscloud.pool.membership import activate
+    from crosscloud.pool.membership import drain as set_draining
 
     try:
         summary = bench.run(run_id, lambda: set_draining(bench.fed, bench.cloud))
@@ -243,7 +243,14 @@ def drain(bench: Bench, run_id: str, args) -> Outcome:
 
 def coordinator(bench: Bench, run_id: str, args) -> Outcome:
     """The coordinator in its own process, killed mid-run and started again, as Airflow retries the task."""
-    from crosscloud.pipeline import admit_stage, aggregate_stage, dispatch_stage, preheat_stage, release_stage, sync_stage
+    from crosscloud.pipeline.stages import (
+        admit_stage,
+        aggregate_stage,
+        dispatch_stage,
+        preheat_stage,
+        release_stage,
+        sync_stage,
+    )
 
     ref = admit_stage(bench.spec, run_id, bench.fed_path)
     resumed, first = [], None
@@ -325,8 +332,8 @@ def main(argv: list[str] | None = None) -> int:
 
 def schedule(args, faults: list[str], state: Path) -> int:
     """The fault-free run, then one run per fault; prints the table and the last line."""
-    from crosscloud.federation import DEFAULT_FEDERATION
-    from crosscloud.job import JobSpec
+    from crosscloud.core.federation import DEFAULT_FEDERATION
+    from crosscloud.core.job import JobSpec
 
     spec = JobSpec(rounds=args.rounds, inner_steps=args.inner_steps, model_size=args.model_size,
                    global_batch=args.global_batch, seed=args.seed)

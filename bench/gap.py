@@ -35,10 +35,10 @@ from pathlib import Path
 
 import yaml
 
-from crosscloud.baseline import gap_pct, iteration_time, round_seconds
-from crosscloud.job import LR_SCALINGS, JobSpec
-from crosscloud.pipeline import run_job
-from crosscloud.storage import state_dir
+from crosscloud.core.job import LR_SCALINGS, JobSpec
+from crosscloud.core.paths import state_dir
+from crosscloud.pipeline.stages import run_job
+from crosscloud.run.baseline import gap_pct, iteration_time, round_seconds
 
 EXPERIMENT = "bench_gap"
 

@@ -1,9 +1,9 @@
 """Preheat benchmark: bytes moved to make a cloud ready for its jobs, time to a migrated task's first step, plan scale.
 
 1. **Catalog.** A model repository is built for real, with the project's own
-   model and training code (``crosscloud.model``, CPU, ``--model-size``), in a
+   model and training code (``crosscloud.training.model``, CPU, ``--model-size``), in a
    *source* cloud's store (``LocalStore`` under a temporary folder), every
-   artifact stored with ``crosscloud.artifacts.put_blob`` (content-defined
+   artifact stored with ``crosscloud.store.chunks.put_blob`` (content-defined
    chunks, safetensors cut at tensors, packs):
 
    - ``base``: a model pretrained ``--base-steps`` AdamW steps on the first
@@ -21,7 +21,7 @@
      run of ``--ckpt-steps`` steps from the base on all training shards, each a
      safetensors file of the model plus its AdamW state (what a resume needs);
    - ``dataset``: the ``--shards`` training shards and the held-out shard of
-     ``crosscloud.corpus.build_corpus``.
+     ``crosscloud.training.corpus.build_corpus``.
 
    Printed per artifact: name, group, kind, size, bytes it added to the source
    store (``put_blob``'s answer, in catalog order) and ``held by base`` = the
@@ -40,7 +40,7 @@
    b. **whole-file content-addressed cache** (as Dragonfly's pieces keyed by
       file): every needed file whose digest is not yet at the target, each
       distinct digest once; nothing below file level is shared;
-   c. **crosscloud**: ``crosscloud.preheat.fetch_all`` per job, in job order
+   c. **crosscloud**: ``crosscloud.artifacts.preheat.fetch_all`` per job, in job order
       (missing chunks only, each from the nearest source holding it, verified).
       Its bytes moved are every byte read from a source cloud: chunk payload
       (``TransferReport``) plus the manifests and source chunk indexes the
@@ -88,16 +88,15 @@ from pathlib import Path
 
 import torch
 
-from crosscloud.artifacts import ChunkIndex, load_manifest, put_blob, read_blob, warmth
-from crosscloud.corpus import build_corpus
-from crosscloud.distribution import SYNTHETIC_NOW, human_bytes, plan, synthetic_catalog
-from crosscloud.links import EmulatedLink, LinkedStore
-from crosscloud.model import batches, build_model, lm_loss
-from crosscloud.plan import BlobRef
-from crosscloud.presets import ModelConfig, preset
-from crosscloud.preheat import RateCap, TransferReport, fetch_all
-from crosscloud.storage import LocalStore
-from crosscloud.tensors import from_bytes, to_bytes
+from crosscloud.artifacts.distribution import SYNTHETIC_NOW, human_bytes, plan, synthetic_catalog
+from crosscloud.artifacts.preheat import RateCap, TransferReport, fetch_all
+from crosscloud.core.presets import ModelConfig, preset
+from crosscloud.store.base import LocalStore
+from crosscloud.store.chunks import BlobRef, ChunkIndex, load_manifest, put_blob, read_blob, warmth
+from crosscloud.store.network import EmulatedLink, LinkedStore
+from crosscloud.store.tensors import from_bytes, to_bytes
+from crosscloud.training.corpus import build_corpus
+from crosscloud.training.model import batches, build_model, lm_loss
 
 TENANT = "bench"
 GROUPS = ("base", "full-ft", "frozen-ft", "quantized", "checkpoint", "dataset")

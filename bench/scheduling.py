@@ -7,7 +7,7 @@ p100, k80, v100, in two jurisdictions (A A B B). The jobs arriving in
 every job, ending 1 s after the last arrival), each job known only from its
 arrival, and every job runs to completion (the simulation drains the queues
 after the window). Run times come from Gavel's measured throughputs
-(``crosscloud.traces``). Each job gets a dataset, drawn from ``--seed``: a
+(``crosscloud.research.traces``). Each job gets a dataset, drawn from ``--seed``: a
 size log-uniform in ``[--data-min-gb, --data-max-gb]`` held at its home center,
 and with probability ``--resident-frac`` a residency rule that keeps it in its
 home center's jurisdiction. Moving data costs ``bytes / --bandwidth-gbps``.
@@ -53,10 +53,10 @@ import sys
 import time
 from pathlib import Path
 
-from crosscloud.placement import JobRequest, Site, place
-from crosscloud.simulator import POLICIES, Center, SimJob, Simulation, metrics
-from crosscloud.storage import data_dir, state_dir
-from crosscloud.traces import read_throughputs, read_trace
+from crosscloud.core.paths import data_dir, state_dir
+from crosscloud.pool.placement import JobRequest, Site, place
+from crosscloud.research.simulator import POLICIES, Center, SimJob, Simulation, metrics
+from crosscloud.research.traces import read_throughputs, read_trace
 
 DEFAULT_VCS = ("6214e9", "6c71a0", "b436b2", "ee9e8c")
 DEFAULT_ACCELERATORS = ("v100", "p100", "k80", "v100")

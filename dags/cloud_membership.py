@@ -40,8 +40,8 @@ from airflow.sdk import Param, dag, get_current_context, task
 def cloud_membership():
     @task
     def change_membership() -> str:
-        from crosscloud import membership
-        from crosscloud.federation import load_federation
+        from crosscloud.core.federation import load_federation
+        from crosscloud.pool import membership
         from crosscloud_airflow.connections import use_airflow_connections
 
         use_airflow_connections()

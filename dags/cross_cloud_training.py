@@ -39,8 +39,9 @@ from __future__ import annotations
 from datetime import datetime, timedelta
 
 from airflow.sdk import Param, PokeReturnValue, dag, get_current_context, task
-from crosscloud.job import LR_SCALINGS, MODES, PLACEMENTS, JobSpec
-from crosscloud.presets import PRESETS
+
+from crosscloud.core.job import LR_SCALINGS, MODES, PLACEMENTS, JobSpec
+from crosscloud.core.presets import PRESETS
 from crosscloud_airflow.operators import (
     KubernetesSubTaskOperator,
     KubernetesSubTaskWaitOperator,
@@ -107,8 +108,8 @@ JOB = JobSpec()  # the Params' defaults are the engine's, so the DAG runs what b
 def cross_cloud_training():
     @task.sensor(poke_interval=15, timeout=6 * 3600, mode="reschedule")
     def admit() -> PokeReturnValue:
-        from crosscloud.admission import NotAdmitted
-        from crosscloud.pipeline import admit_stage
+        from crosscloud.pipeline.stages import admit_stage
+        from crosscloud.pool.admission import NotAdmitted
         from crosscloud_airflow.connections import use_airflow_connections
 
         use_airflow_connections()
@@ -128,7 +129,7 @@ def cross_cloud_training():
 
     @task
     def preheat(run: dict) -> dict:
-        from crosscloud.pipeline import preheat_stage
+        from crosscloud.pipeline.stages import preheat_stage
 
         report = preheat_stage(run_ref(run))
         print(f"preheat: sent {report['total_sent_bytes']} bytes, skipped {report['total_skipped_bytes']} already present")
@@ -147,7 +148,7 @@ def cross_cloud_training():
 
     @task
     def aggregate(run: dict, handles: list[dict]) -> dict:
-        from crosscloud.pipeline import aggregate_stage
+        from crosscloud.pipeline.stages import aggregate_stage
 
         summary = aggregate_stage(run_ref(run), handles, experiment=DAG_ID)
         print(f"eval loss {summary['metrics']['eval_loss_start']:.4f} -> {summary['metrics']['final_eval_loss']:.4f}")
@@ -156,7 +157,7 @@ def cross_cloud_training():
     @task(trigger_rule="all_done")
     def cleanup(run: dict) -> None:
         """Stop every sub-task of the run still alive and give its devices back, whatever the other tasks did."""
-        from crosscloud.pipeline import release_stage, run_handles, stop_run
+        from crosscloud.pipeline.stages import release_stage, run_handles, stop_run
 
         ref = run_ref(run)
         try:

@@ -49,9 +49,9 @@ from airflow.sdk import Param, PokeReturnValue, dag, get_current_context, task
 def demand_response():
     @task
     def respond() -> dict:
-        from crosscloud.demand_response import respond as plan_and_tell
-        from crosscloud.federation import load_federation
-        from crosscloud.power import fit_power_curve
+        from crosscloud.core.federation import load_federation
+        from crosscloud.energy.power import fit_power_curve
+        from crosscloud.grid.demand_response import respond as plan_and_tell
         from crosscloud_airflow.connections import use_airflow_connections
 
         use_airflow_connections()
@@ -67,9 +67,10 @@ def demand_response():
 
     @task
     def verify(answer: dict) -> dict:
-        from crosscloud.demand_response import ShedPlan, verify as check
-        from crosscloud.federation import load_federation
-        from crosscloud.power import fit_power_curve
+        from crosscloud.core.federation import load_federation
+        from crosscloud.energy.power import fit_power_curve
+        from crosscloud.grid.demand_response import ShedPlan
+        from crosscloud.grid.demand_response import verify as check
 
         p = get_current_context()["params"]
         plan = ShedPlan.from_dict(answer["plan"])
@@ -91,8 +92,9 @@ def demand_response():
 
     @task(trigger_rule="all_done")
     def restore(answer: dict) -> None:
-        from crosscloud.demand_response import ShedPlan, restore as give_back
-        from crosscloud.federation import load_federation
+        from crosscloud.core.federation import load_federation
+        from crosscloud.grid.demand_response import ShedPlan
+        from crosscloud.grid.demand_response import restore as give_back
 
         give_back(load_federation(), ShedPlan.from_dict(answer["plan"]))
 
@@ -100,9 +102,9 @@ def demand_response():
     def record(result: dict) -> None:
         import json
 
-        from crosscloud.federation import load_federation
-        from crosscloud.names import RunKeys
-        from crosscloud.storage import open_store
+        from crosscloud.core.federation import load_federation
+        from crosscloud.core.keys import RunKeys
+        from crosscloud.store.open_store import open_store
 
         fed, run_id = load_federation(), get_current_context()["run_id"].replace(":", "-").replace("+", "-")
         for a in result["actions"]:

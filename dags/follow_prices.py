@@ -32,8 +32,8 @@ from airflow.sdk import dag, task
 def follow_prices():
     @task
     def shift_shares() -> list[dict]:
-        from crosscloud.federation import load_federation
-        from crosscloud.price_shares import follow_prices_all
+        from crosscloud.core.federation import load_federation
+        from crosscloud.grid.following_prices import follow_prices_all
         from crosscloud_airflow.connections import use_airflow_connections
 
         use_airflow_connections()

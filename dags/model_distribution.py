@@ -58,9 +58,9 @@ def model_distribution():
     def plan_distribution() -> list[dict]:
         import json
 
-        from crosscloud.catalog import plan_distribution as make_plan
-        from crosscloud.federation import load_federation
-        from crosscloud.storage import open_store
+        from crosscloud.artifacts.catalog import plan_distribution as make_plan
+        from crosscloud.core.federation import load_federation
+        from crosscloud.store.open_store import open_store
         from crosscloud_airflow.connections import use_airflow_connections
 
         use_airflow_connections()
@@ -78,10 +78,10 @@ def model_distribution():
     def apply_distribution(cloud: str, plan_key: str) -> dict:
         import json
 
-        from crosscloud.catalog import apply, load_catalog, protective_cap
-        from crosscloud.distribution import CloudPlan
-        from crosscloud.federation import load_federation
-        from crosscloud.storage import open_store
+        from crosscloud.artifacts.catalog import apply, load_catalog, protective_cap
+        from crosscloud.artifacts.distribution import CloudPlan
+        from crosscloud.core.federation import load_federation
+        from crosscloud.store.open_store import open_store
         from crosscloud_airflow.connections import use_airflow_connections
 
         use_airflow_connections()
@@ -97,8 +97,8 @@ def model_distribution():
 
     @task
     def check_warm(applied: list[dict]) -> dict:
-        from crosscloud.catalog import load_catalog
-        from crosscloud.federation import load_federation
+        from crosscloud.artifacts.catalog import load_catalog
+        from crosscloud.core.federation import load_federation
 
         p, fed = get_current_context()["params"], load_federation()
         cat = load_catalog(fed, p["tenant"], [applied[i]["cloud"] for i in range(len(applied))])

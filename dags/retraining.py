@@ -50,8 +50,8 @@ TRAINING_DATA = Asset(name="crosscloud_training_data", uri="crosscloud://dataset
 def retraining():
     @task
     def retrain() -> dict:
-        from crosscloud.job import JobSpec
-        from crosscloud.retrain import retrain as run_retrain
+        from crosscloud.core.job import JobSpec
+        from crosscloud.pipeline.retraining import retrain as run_retrain
         from crosscloud_airflow.connections import use_airflow_connections
 
         use_airflow_connections()
@@ -64,7 +64,7 @@ def retraining():
 
     @task
     def decide(result: dict) -> dict:
-        from crosscloud.retrain import decide as decide_promotion
+        from crosscloud.pipeline.retraining import decide as decide_promotion
 
         verdict = decide_promotion(result)
         against = ("no champion yet" if verdict["champion_eval_loss"] is None else

@@ -9,7 +9,7 @@ mkdir -p "$AIRFLOW_HOME"
 airflow db migrate > "$CROSSCLOUD_STATE_DIR/airflow-db-migrate.log" 2>&1
 log="$CROSSCLOUD_STATE_DIR/demo.log"
 echo "running DAG cross_cloud_training (full Airflow log: $log)"
-# the stages as they end, and one live line of each cloud's rounds (crosscloud.progress)
+# the stages as they end, and one live line of each cloud's rounds (crosscloud.tracking.progress)
 airflow dags test cross_cloud_training 2>&1 | tee "$log" | crosscloud progress
 grep -q "state=success" "$log" || { echo "the DAG run did not succeed; see $log" >&2; exit 1; }
 echo

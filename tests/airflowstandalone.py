@@ -19,7 +19,6 @@ from pathlib import Path
 
 import httpx
 import pytest
-
 from s3servers import free_port
 
 

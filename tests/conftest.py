@@ -54,7 +54,7 @@ os.environ["CROSSCLOUD_DATA_DIR"] = str(_STATE / "data")
 @pytest.fixture()
 def ledger(tmp_path):
     """A reservation ledger of the test's own, so reservations never leak between tests."""
-    from crosscloud.ledger import Ledger
+    from crosscloud.pool.ledger import Ledger
 
     return Ledger(tmp_path / "ledger.sqlite")
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import yaml
 
-from crosscloud.federation import DEFAULT_FEDERATION, Federation, parse_federation
+from crosscloud.core.federation import DEFAULT_FEDERATION, Federation, parse_federation
 
 
 def embedded_raw(mutate: Callable[[dict], None] | None = None) -> dict:

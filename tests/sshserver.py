@@ -15,7 +15,6 @@ import time
 from pathlib import Path
 
 import pytest
-
 from s3servers import free_port
 
 SSHD = Path("/usr/sbin/sshd")

@@ -6,14 +6,14 @@ import argparse
 import json
 import sys
 
-from crosscloud import membership
-from crosscloud.catalog import load_catalog
-from crosscloud.federation import load_federation
-from crosscloud.inventory import collect
-from crosscloud.job import JobSpec
-from crosscloud.ledger import Ledger
-from crosscloud.progress import Progress
-from crosscloud.storage import open_store
+from crosscloud.artifacts.catalog import load_catalog
+from crosscloud.core.federation import load_federation
+from crosscloud.core.job import JobSpec
+from crosscloud.pool import membership
+from crosscloud.pool.inventory import collect
+from crosscloud.pool.ledger import Ledger
+from crosscloud.store.open_store import open_store
+from crosscloud.tracking.progress import Progress
 
 
 def _summaries(store, tenant: str) -> list[dict]:

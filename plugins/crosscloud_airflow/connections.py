@@ -53,8 +53,8 @@ def kubernetes_client(access: dict):
 
 def use_airflow_connections() -> None:
     """Make the engine take store credentials and the clients of ssh and kubernetes clouds from Airflow Connections."""
-    from crosscloud import credentials
     from crosscloud.backends import kubernetes, ssh
+    from crosscloud.store import credentials
 
     credentials.set_provider(connection_credentials)
     ssh.set_connector(ssh_client)

@@ -28,7 +28,7 @@ def all_handles(groups: Any) -> list[dict]:
 
 def run_ref(run: dict):
     """The engine's handle on a run, with store credentials taken from Airflow Connections."""
-    from crosscloud.pipeline import RunRef
+    from crosscloud.pipeline.stages import RunRef
     from crosscloud_airflow.connections import use_airflow_connections
 
     use_airflow_connections()
@@ -47,7 +47,7 @@ class LocalSubTaskOperator(BaseOperator):
         self.cloud = cloud
 
     def execute(self, context) -> dict:
-        from crosscloud.pipeline import dispatch_stage
+        from crosscloud.pipeline.stages import dispatch_stage
 
         handle = dispatch_stage(run_ref(self.run), self.cloud)
         self.log.info("cloud %s: sub-task started, pid %s, log %s", self.cloud, handle["pid"],
@@ -86,7 +86,7 @@ class KubernetesSubTaskOperator(KubernetesJobOperator):
         from kubernetes.client import ApiClient
 
         from crosscloud.backends.kubernetes import job_manifest
-        from crosscloud.pipeline import subtask_spec
+        from crosscloud.pipeline.stages import subtask_spec
 
         fed, plan = run_ref(self.run).load()
         cloud = fed.cloud(self.cloud)
@@ -129,7 +129,7 @@ class KubernetesSubTaskOperator(KubernetesJobOperator):
         from kubernetes import utils
 
         from crosscloud.backends.kubernetes import KubernetesBackend, companion_manifests
-        from crosscloud.pipeline import check_warm
+        from crosscloud.pipeline.stages import check_warm
 
         fed, plan, spec, cloud, job = self.prepare()
         check_warm(fed, plan, self.cloud)
@@ -203,13 +203,13 @@ class SyncCheckpointsOperator(BaseOperator):
         self.handles = handles
 
     def execute(self, context) -> list[dict]:
-        from crosscloud.pipeline import sync_stage
+        from crosscloud.pipeline.stages import sync_stage
 
         history = sync_stage(run_ref(self.run), all_handles([self.handles]), log=self.log.info)
         return [{k: v for k, v in r.items() if k not in ("clouds", "shares", "next_shares")} for r in history]
 
     def on_kill(self) -> None:
-        from crosscloud.pipeline import release_stage, stop_run
+        from crosscloud.pipeline.stages import release_stage, stop_run
 
         self.log.info("coordinator killed: stopping every sub-task of the run and releasing its devices")
         ref = run_ref(self.run)

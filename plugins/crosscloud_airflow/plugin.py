@@ -9,6 +9,7 @@ the Airflow UI.
 from __future__ import annotations
 
 from airflow.plugins_manager import AirflowPlugin
+
 from crosscloud_airflow.ui import app
 
 

@@ -16,11 +16,10 @@ import time
 from html import escape
 from urllib.parse import quote
 
-from fastapi import Depends, FastAPI, HTTPException
-from fastapi.responses import HTMLResponse
-
 from airflow.api_fastapi.auth.managers.models.resource_details import DagAccessEntity
 from airflow.api_fastapi.core_api.security import requires_access_dag
+from fastapi import Depends, FastAPI, HTTPException
+from fastapi.responses import HTMLResponse
 
 TRAINING_DAG = "cross_cloud_training"
 RECENT_RUNS = 10  # per tenant on the global view
@@ -66,10 +65,10 @@ def _mlflow_link(tracking: dict) -> str:
 
 
 def _compute_view() -> str:
-    from crosscloud.federation import load_federation
-    from crosscloud.inventory import collect
-    from crosscloud.ledger import Ledger
-    from crosscloud.runview import list_runs, load_run
+    from crosscloud.core.federation import load_federation
+    from crosscloud.pool.inventory import collect
+    from crosscloud.pool.ledger import Ledger
+    from crosscloud.tracking.run_report import list_runs, load_run
 
     fed, ledger = load_federation(), Ledger()
     inv = collect(fed, ledger)
@@ -133,8 +132,8 @@ def _timeline(view) -> str:
 
 
 def _run_view(dag_id: str, run_id: str) -> str:
-    from crosscloud.federation import load_federation
-    from crosscloud.runview import find_tenant, load_run
+    from crosscloud.core.federation import load_federation
+    from crosscloud.tracking.run_report import find_tenant, load_run
 
     fed = load_federation()
     tenant = find_tenant(fed, run_id)

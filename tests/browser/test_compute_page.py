@@ -18,7 +18,6 @@ from urllib.parse import quote
 
 import httpx
 import pytest
-
 from airflowstandalone import AirflowStandalone, unavailable
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -145,8 +144,8 @@ def test_compute_view_from_the_airflow_navigation(server, finished_run, signed_i
         assert cloud in text
     assert "team-a" in text and "beijing 0/4" in text  # the run finished: its devices were given back
     # electricity now (the hand-made prices at the data hour the page names) and the effective device-hour price
-    from crosscloud.federation import load_federation
-    from crosscloud.power import effective_price
+    from crosscloud.core.federation import load_federation
+    from crosscloud.energy.power import effective_price
 
     hour = datetime.strptime(text.split("grid price at ")[1][:16], "%Y-%m-%d %H:%M").replace(tzinfo=timezone.utc)
     for cloud in load_federation().clouds:
@@ -199,7 +198,7 @@ def test_run_logged_its_plots_and_registered_its_model(server, finished_run):
     """The same run in MLflow: three plots (prices were known) and a registered version with its lineage."""
     from mlflow.tracking import MlflowClient
 
-    from crosscloud import registry
+    from crosscloud.tracking import registry
 
     client = MlflowClient(tracking_uri=f"sqlite:///{server.state / 'mlflow.db'}")
     run_id, plan = finished_run["run_id"], _run_object(server, finished_run["run_id"], "plan.json")

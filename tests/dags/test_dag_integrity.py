@@ -36,7 +36,7 @@ def test_cross_cloud_training_stages_and_params(dagbag):
     params = dag.params.dump()
     assert dag.params.get_param("model_size").schema["enum"] == ["tiny", "small", "base", "large"]
     # every job field is a Param with the engine's default: the DAG runs what the benchmarks measure
-    from crosscloud.job import JobSpec
+    from crosscloud.core.job import JobSpec
 
     assert params == JobSpec().to_dict()
 
@@ -49,7 +49,7 @@ socket.socket.connect = refuse
 socket.create_connection = refuse
 from airflow.dag_processing.dagbag import DagBag
 bag = DagBag(dag_folder=sys.argv[1])
-heavy = sorted(m for m in ("torch", "mlflow", "boto3", "crosscloud.pipeline") if m in sys.modules)
+heavy = sorted(m for m in ("torch", "mlflow", "boto3", "crosscloud.pipeline.stages") if m in sys.modules)
 print(json.dumps({"errors": {k: str(v) for k, v in bag.import_errors.items()}, "heavy": heavy, "dags": sorted(bag.dag_ids)}))
 """
 

@@ -6,10 +6,10 @@ import json
 
 import pytest
 
-from crosscloud.commit import read_commit
-from crosscloud.federation import load_federation
-from crosscloud.names import RunKeys
-from crosscloud.storage import open_store
+from crosscloud.core.federation import load_federation
+from crosscloud.core.keys import RunKeys
+from crosscloud.store.commit import read_commit
+from crosscloud.store.open_store import open_store
 
 CONF = {"rounds": 3, "inner_steps": 12, "model_size": "tiny", "global_batch": 12, "seed": 7, "eval_every_steps": 24}
 
@@ -40,7 +40,7 @@ def test_every_stage_succeeds(two_runs):
 
 
 def test_run_reserved_its_devices_and_gave_them_back(two_runs):
-    from crosscloud.ledger import Ledger
+    from crosscloud.pool.ledger import Ledger
 
     for run in two_runs:
         plan = json.loads(open_store(load_federation().local_cloud).get(RunKeys("team-a", run.run_id).plan))

@@ -8,12 +8,12 @@ import time
 
 import pytest
 
-from crosscloud.demand_response import read_directives
-from crosscloud.federation import load_federation
-from crosscloud.job import JobSpec
-from crosscloud.names import RunKeys
-from crosscloud.pipeline import run_job
-from crosscloud.storage import open_store
+from crosscloud.core.federation import load_federation
+from crosscloud.core.job import JobSpec
+from crosscloud.core.keys import RunKeys
+from crosscloud.grid.demand_response import read_directives
+from crosscloud.pipeline.stages import run_job
+from crosscloud.store.open_store import open_store
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 

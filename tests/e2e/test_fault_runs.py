@@ -19,26 +19,27 @@ import pytest
 import torch
 
 from crosscloud.backends import get_backend
-from crosscloud.checkpoint import quantized_global
-from crosscloud.commit import read_commit
-from crosscloud.compression import ErrorFeedback
-from crosscloud.coordinator import load_global, load_history, load_residual, outer_config
-from crosscloud.federation import load_federation
-from crosscloud.job import JobSpec
-from crosscloud.membership import activate, drain
-from crosscloud.names import RunKeys
-from crosscloud.outer import outer_step, weighted_mean
-from crosscloud.pipeline import admit_stage, aggregate_stage, dispatch_stage, preheat_stage, run_job, sync_stage
-from crosscloud.plan import Plan
-from crosscloud.screening import screen
-from crosscloud.storage import open_store
+from crosscloud.core.federation import load_federation
+from crosscloud.core.job import JobSpec
+from crosscloud.core.keys import RunKeys
+from crosscloud.pipeline.stages import admit_stage, aggregate_stage, dispatch_stage, preheat_stage, run_job, sync_stage
+from crosscloud.pool.membership import activate, drain
+from crosscloud.run.history import load_history
+from crosscloud.run.plan import Plan
+from crosscloud.store.commit import read_commit
+from crosscloud.store.open_store import open_store
+from crosscloud.training.checkpoint import quantized_global
+from crosscloud.training.compression import ErrorFeedback
+from crosscloud.training.coordinator import load_global, load_residual, outer_config
+from crosscloud.training.outer import outer_step, weighted_mean
+from crosscloud.training.screening import screen
 
 pytestmark = [pytest.mark.e2e, pytest.mark.faults, pytest.mark.slow]
 
 SPEC = JobSpec(rounds=6, inner_steps=8, model_size="tiny", global_batch=12, seed=3)
 # blocking rounds train the same way every time: the loss compared is the fault's alone, not when globals landed
 BLOCKING = dataclasses.replace(SPEC, overlap=False)
-COORDINATOR = "import sys; from crosscloud.pipeline import RunRef, run_handles, sync_stage; " \
+COORDINATOR = "import sys; from crosscloud.pipeline.stages import RunRef, run_handles, sync_stage; " \
               "ref = RunRef(*sys.argv[1:4]); sync_stage(ref, run_handles(ref), log=lambda m: None)"
 
 

@@ -6,10 +6,10 @@ import json
 
 import pytest
 
-from crosscloud.federation import load_federation
-from crosscloud.job import JobSpec
-from crosscloud.pipeline import admit_stage, preheat_stage, release_stage
-from crosscloud.storage import open_store
+from crosscloud.core.federation import load_federation
+from crosscloud.core.job import JobSpec
+from crosscloud.pipeline.stages import admit_stage, preheat_stage, release_stage
+from crosscloud.store.open_store import open_store
 
 pytestmark = [pytest.mark.e2e]
 

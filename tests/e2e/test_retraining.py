@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import pytest
 
-from crosscloud import registry
+from crosscloud.tracking import registry
 
 SMALL = {"model_size": "tiny", "rounds": 2, "inner_steps": 8, "global_batch": 12, "seed": 3, "tenant": "team-b"}
 

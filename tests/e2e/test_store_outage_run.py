@@ -15,16 +15,15 @@ import time
 
 import pytest
 import yaml
-
 from federations import embedded_raw
 from s3servers import S3Server
 
-from crosscloud.commit import read_commit
-from crosscloud.federation import load_federation
-from crosscloud.job import JobSpec
-from crosscloud.names import RunKeys
-from crosscloud.pipeline import run_job
-from crosscloud.storage import open_store
+from crosscloud.core.federation import load_federation
+from crosscloud.core.job import JobSpec
+from crosscloud.core.keys import RunKeys
+from crosscloud.pipeline.stages import run_job
+from crosscloud.store.commit import read_commit
+from crosscloud.store.open_store import open_store
 
 pytestmark = [pytest.mark.e2e, pytest.mark.s3, pytest.mark.faults, pytest.mark.slow]
 

@@ -12,10 +12,10 @@ import os
 import pytest
 import yaml
 
-from crosscloud.commit import read_commit
-from crosscloud.federation import DEFAULT_FEDERATION, load_federation
-from crosscloud.names import RunKeys
-from crosscloud.storage import open_store
+from crosscloud.core.federation import DEFAULT_FEDERATION, load_federation
+from crosscloud.core.keys import RunKeys
+from crosscloud.store.commit import read_commit
+from crosscloud.store.open_store import open_store
 
 pytestmark = [pytest.mark.e2e, pytest.mark.s3, pytest.mark.slow]
 

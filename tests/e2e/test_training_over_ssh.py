@@ -13,10 +13,10 @@ import sys
 
 import pytest
 
-from crosscloud.commit import read_commit
-from crosscloud.federation import load_federation
-from crosscloud.names import RunKeys
-from crosscloud.storage import open_store
+from crosscloud.core.federation import load_federation
+from crosscloud.core.keys import RunKeys
+from crosscloud.store.commit import read_commit
+from crosscloud.store.open_store import open_store
 
 pytestmark = [pytest.mark.e2e, pytest.mark.ssh, pytest.mark.slow]
 

@@ -12,10 +12,11 @@ import json
 import pytest
 import torch
 
-from crosscloud.commit import sha256, write_step
-from crosscloud.s3 import S3Store
-from crosscloud.screening import screen
-from crosscloud.tensors import to_bytes
+from crosscloud.store.commit import write_step
+from crosscloud.store.digest import sha256
+from crosscloud.store.s3 import S3Store
+from crosscloud.store.tensors import to_bytes
+from crosscloud.training.screening import screen
 
 pytestmark = [pytest.mark.s3, pytest.mark.faults]
 

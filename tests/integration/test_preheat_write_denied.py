@@ -13,14 +13,14 @@ import json
 import boto3
 import pytest
 import yaml
-
 from federations import embedded_raw
 from s3servers import S3Server, tenant_policy
 
-from crosscloud.commit import read_commit
-from crosscloud.job import JobSpec
-from crosscloud.pipeline import admit_stage, preheat_stage, release_stage
-from crosscloud.storage import StoreError, open_store
+from crosscloud.core.job import JobSpec
+from crosscloud.pipeline.stages import admit_stage, preheat_stage, release_stage
+from crosscloud.store.base import StoreError
+from crosscloud.store.commit import read_commit
+from crosscloud.store.open_store import open_store
 
 pytestmark = [pytest.mark.s3, pytest.mark.faults]
 

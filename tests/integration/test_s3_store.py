@@ -11,13 +11,13 @@ import time
 
 import pytest
 
-from crosscloud.commit import IntegrityError, read_step, write_step
-from crosscloud.artifacts import ChunkIndex, put_blob, read_blob
-from crosscloud.names import manifest_key
-from crosscloud.plan import BlobRef
-from crosscloud.preheat import RateCap, TransferReport, fetch
-from crosscloud.s3 import S3Store
-from crosscloud.storage import ObjectNotFound, StoreError, TenantStore
+from crosscloud.artifacts.preheat import RateCap, TransferReport, fetch
+from crosscloud.core.keys import manifest_key
+from crosscloud.store.base import ObjectNotFound, StoreError, TenantStore
+from crosscloud.store.chunks import ChunkIndex, put_blob, read_blob
+from crosscloud.store.commit import read_step, write_step
+from crosscloud.store.digest import IntegrityError
+from crosscloud.store.s3 import S3Store
 
 pytestmark = pytest.mark.s3
 
@@ -152,8 +152,8 @@ def test_tenants_cannot_read_each_others_runs(s3_servers):
 SETUP = """
 import json, os, sys
 sys.path.insert(0, {include!r})
-from crosscloud.artifacts import put_blob
-from crosscloud.s3 import S3Store
+from crosscloud.store.chunks import put_blob
+from crosscloud.store.s3 import S3Store
 src = S3Store("a", "crosscloud", "big", endpoint_url={src!r}, credentials={creds!r})
 ref, _ = put_blob(src, "t", os.urandom({size}))  # incompressible: nothing dedupes
 print(json.dumps(ref.model_dump()))
@@ -162,9 +162,9 @@ print(json.dumps(ref.model_dump()))
 COPY = """
 import json, sys, time
 sys.path.insert(0, {include!r})
-from crosscloud.plan import BlobRef
-from crosscloud.preheat import TransferReport, fetch
-from crosscloud.s3 import S3Store
+from crosscloud.run.plan import BlobRef
+from crosscloud.artifacts.preheat import TransferReport, fetch
+from crosscloud.store.s3 import S3Store
 src = S3Store("a", "crosscloud", "big", endpoint_url={src!r}, credentials={creds!r})
 dst = S3Store("b", "crosscloud", "big", endpoint_url={dst!r}, credentials={creds!r})
 def peak_mb():  # VmHWM: this process's own peak RSS (ru_maxrss would include the forking parent's)

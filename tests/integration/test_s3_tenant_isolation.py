@@ -11,15 +11,15 @@ stopped by the store layer only here; a real store's policy adds the condition.
 from __future__ import annotations
 
 import pytest
-
 from federations import embedded
 from s3servers import S3Server, tenant_policy
 
-from crosscloud.commit import read_step, write_step
-from crosscloud.credentials import store_credentials
-from crosscloud.names import RunKeys
-from crosscloud.s3 import S3Store
-from crosscloud.storage import StoreError, open_store
+from crosscloud.core.keys import RunKeys
+from crosscloud.store.base import StoreError
+from crosscloud.store.commit import read_step, write_step
+from crosscloud.store.credentials import store_credentials
+from crosscloud.store.open_store import open_store
+from crosscloud.store.s3 import S3Store
 
 pytestmark = pytest.mark.s3
 

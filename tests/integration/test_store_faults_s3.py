@@ -11,15 +11,16 @@ import os
 import threading
 
 import pytest
-
 from federations import embedded
 from s3servers import S3Server, tenant_policy
 
-from crosscloud.artifacts import put_blob, read_blob
-from crosscloud.commit import COMMIT, IntegrityError, read_commit, read_object, read_step, write_step
-from crosscloud.preheat import TransferReport, fetch
-from crosscloud.s3 import S3Store
-from crosscloud.storage import StoreError, open_store
+from crosscloud.artifacts.preheat import TransferReport, fetch
+from crosscloud.store.base import StoreError
+from crosscloud.store.chunks import put_blob, read_blob
+from crosscloud.store.commit import COMMIT, read_commit, read_object, read_step, write_step
+from crosscloud.store.digest import IntegrityError
+from crosscloud.store.open_store import open_store
+from crosscloud.store.s3 import S3Store
 
 pytestmark = [pytest.mark.s3, pytest.mark.faults]
 

@@ -5,15 +5,14 @@ from __future__ import annotations
 import multiprocessing
 
 import pytest
-
-from crosscloud.admission import NotAdmitted, admit
-from crosscloud.federation import FederationError
-from crosscloud.inventory import collect
-from crosscloud.job import JobSpec
-from crosscloud.ledger import Ledger, ReservationError
-from crosscloud.partition import PlacementError
-
 from federations import embedded
+
+from crosscloud.core.federation import FederationError
+from crosscloud.core.job import JobSpec
+from crosscloud.pool.admission import NotAdmitted, admit
+from crosscloud.pool.inventory import collect
+from crosscloud.pool.ledger import Ledger, ReservationError
+from crosscloud.pool.placement import PlacementError
 
 
 def _admit(fed, ledger, run_id="r1", data_at=("beijing",), data_bytes=0, **job):

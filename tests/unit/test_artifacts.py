@@ -7,13 +7,13 @@ import os
 import pytest
 import torch
 
-from crosscloud.artifacts import ChunkIndex, chunk_spans, load_manifest, put_blob, read_blob, warmth
-from crosscloud.commit import IntegrityError
-from crosscloud.model import build_model
-from crosscloud.presets import preset
-from crosscloud.preheat import TransferReport, fetch
-from crosscloud.storage import LocalStore
-from crosscloud.tensors import to_bytes
+from crosscloud.artifacts.preheat import TransferReport, fetch
+from crosscloud.core.presets import preset
+from crosscloud.store.base import LocalStore
+from crosscloud.store.chunks import ChunkIndex, chunk_spans, load_manifest, put_blob, read_blob, warmth
+from crosscloud.store.digest import IntegrityError
+from crosscloud.store.tensors import to_bytes
+from crosscloud.training.model import build_model
 
 T = "team-a"
 

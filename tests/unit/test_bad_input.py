@@ -7,20 +7,19 @@ object in any cloud's store and no reservation in the ledger.
 from __future__ import annotations
 
 import pytest
-
 from federations import embedded, embedded_file
 
-from crosscloud.admission import preflight
-from crosscloud.artifacts import put_blob
-from crosscloud.credentials import CredentialsError
-from crosscloud.job import JobSpec, JobSpecError
-from crosscloud.ledger import Ledger
-from crosscloud.model import build_model
-from crosscloud.partition import PlacementError
-from crosscloud.pipeline import admit_stage
-from crosscloud.preheat import ResidencyError, TransferReport, fetch
-from crosscloud.presets import PRESETS
-from crosscloud.storage import open_store
+from crosscloud.artifacts.preheat import ResidencyError, TransferReport, fetch
+from crosscloud.core.job import JobSpec, JobSpecError
+from crosscloud.core.presets import PRESETS
+from crosscloud.pipeline.stages import admit_stage
+from crosscloud.pool.admission import preflight
+from crosscloud.pool.ledger import Ledger
+from crosscloud.pool.placement import PlacementError
+from crosscloud.store.chunks import put_blob
+from crosscloud.store.credentials import CredentialsError
+from crosscloud.store.open_store import open_store
+from crosscloud.training.model import build_model
 
 
 @pytest.fixture()

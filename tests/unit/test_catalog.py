@@ -7,12 +7,12 @@ import os
 
 import pytest
 
-from crosscloud.artifacts import put_blob
-from crosscloud.catalog import apply, load_catalog, plan_distribution
-from crosscloud.federation import load_federation
-from crosscloud.job import JobSpec
-from crosscloud.ledger import Ledger
-from crosscloud.pipeline import admit_stage, preheat_stage, release_stage
+from crosscloud.artifacts.catalog import apply, load_catalog, plan_distribution
+from crosscloud.core.federation import load_federation
+from crosscloud.core.job import JobSpec
+from crosscloud.pipeline.stages import admit_stage, preheat_stage, release_stage
+from crosscloud.pool.ledger import Ledger
+from crosscloud.store.chunks import put_blob
 
 T = "team-b"  # a tenant of its own, so other tests' runs do not count as demand here
 
@@ -77,7 +77,7 @@ def test_warm_command_shows_each_artifact_on_each_cloud(run, capsys):
 
 
 def test_transfers_are_capped_only_while_runs_train_on_the_cloud(tmp_path):
-    from crosscloud.catalog import protective_cap
+    from crosscloud.artifacts.catalog import protective_cap
 
     fed, ledger = load_federation(), Ledger(tmp_path / "l.sqlite")
     assert protective_cap(fed, "singapore", 0.5, ledger) is None  # idle: full speed

@@ -4,11 +4,19 @@ from __future__ import annotations
 
 import torch
 
-from crosscloud.checkpoint import MOMENTUM, PARAMS, RESIDUAL, UPDATE, for_others, global_params, quantized_global
-from crosscloud.commit import read_commit, write_step
-from crosscloud.compression import ErrorFeedback
-from crosscloud.storage import LocalStore
-from crosscloud.tensors import to_bytes
+from crosscloud.store.base import LocalStore
+from crosscloud.store.commit import read_commit, write_step
+from crosscloud.store.tensors import to_bytes
+from crosscloud.training.checkpoint import (
+    MOMENTUM,
+    PARAMS,
+    RESIDUAL,
+    UPDATE,
+    for_others,
+    global_params,
+    quantized_global,
+)
+from crosscloud.training.compression import ErrorFeedback
 
 
 def test_every_cloud_rebuilds_the_coordinators_global_bit_for_bit(tmp_path):

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from crosscloud.commit import IntegrityError, read_commit, read_step, write_step
-from crosscloud.names import RunKeys, manifest_key
-from crosscloud.storage import LocalStore, StoreError
+from crosscloud.core.keys import RunKeys, manifest_key
+from crosscloud.store.base import LocalStore, StoreError
+from crosscloud.store.commit import read_commit, read_step, write_step
+from crosscloud.store.digest import IntegrityError
 
 
 @pytest.fixture()

@@ -16,7 +16,7 @@ import jsonschema
 import pytest
 import yaml
 
-from crosscloud.federation import load_federation
+from crosscloud.core.federation import load_federation
 
 ROOT = Path(__file__).resolve().parents[2]
 COMPOSE = yaml.safe_load((ROOT / "docker-compose.yaml").read_text())
@@ -86,7 +86,7 @@ def test_dockerfile_builds_what_compose_and_the_federations_name():
     assert 'cuda) pip install "$torch"' in DOCKERFILE
     # every third-party module the worker imports is installed in the worker image
     installed = re.search(r"pip install -c constraints.txt ([^\n]+)", DOCKERFILE).group(1).split()
-    probe = ("import sys, crosscloud.worker, crosscloud.storage, crosscloud.s3; "
+    probe = ("import sys, crosscloud.training.worker, crosscloud.store.base, crosscloud.store.s3; "
              "print(sorted({m.split('.')[0] for m in sys.modules}))")
     imported = json.loads(subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
                           .stdout.replace("'", '"'))

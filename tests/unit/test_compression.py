@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from crosscloud.compression import BLOCK, ErrorFeedback, decode, encode
+from crosscloud.training.compression import BLOCK, ErrorFeedback, decode, encode
 
 
 def test_error_per_value_is_at_most_half_a_step_of_its_block():

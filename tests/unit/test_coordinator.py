@@ -9,13 +9,21 @@ from pathlib import Path
 import pytest
 import torch
 
-from crosscloud.commit import IntegrityError, read_commit, write_step
-from crosscloud.coordinator import PATIENCE, PATIENCE_FLOOR_S, Coordinator, SubTaskLost, load_global, patience_s
-from crosscloud.job import JobSpec
-from crosscloud.pipeline import admit_stage, preheat_stage, release_stage
-from crosscloud.screening import outliers
-from crosscloud.storage import open_store
-from crosscloud.tensors import to_bytes
+from crosscloud.core.job import JobSpec
+from crosscloud.pipeline.stages import admit_stage, preheat_stage, release_stage
+from crosscloud.store.commit import read_commit, write_step
+from crosscloud.store.digest import IntegrityError
+from crosscloud.store.open_store import open_store
+from crosscloud.store.tensors import to_bytes
+from crosscloud.training.coordinator import (
+    PATIENCE,
+    PATIENCE_FLOOR_S,
+    Coordinator,
+    SubTaskLost,
+    load_global,
+    patience_s,
+)
+from crosscloud.training.screening import outliers
 
 
 def _commit_delta(store, plan, cloud, round_, scale=0.01, delta=None):
@@ -125,7 +133,7 @@ def test_a_wrong_contribution_is_refused_flagged_and_the_round_completes_without
 
 @pytest.mark.faults
 def test_a_refused_contribution_flags_its_cloud_in_mlflow(planned):
-    from crosscloud.tracking import Tracker
+    from crosscloud.tracking.mlflow_runs import Tracker
 
     plan, stores = planned
     tracker = Tracker()
@@ -229,8 +237,8 @@ def test_patience_follows_measured_round_times():
 
 @pytest.mark.faults
 def test_a_draining_cloud_gives_its_share_to_the_others_at_the_next_round(planned):
-    from crosscloud.federation import load_federation
-    from crosscloud.membership import activate, drain
+    from crosscloud.core.federation import load_federation
+    from crosscloud.pool.membership import activate, drain
 
     plan, stores = planned
     fed, home = load_federation(plan.federation_path), stores[plan.coordinator_cloud]
@@ -249,7 +257,7 @@ def test_a_draining_cloud_gives_its_share_to_the_others_at_the_next_round(planne
 
 
 def test_grid_directives_become_next_round_shares_and_caps(planned):
-    from crosscloud.demand_response import Action, write_directive
+    from crosscloud.grid.demand_response import Action, write_directive
 
     plan, stores = planned
     home, coordinator = stores[plan.coordinator_cloud], Coordinator(plan, stores, handles=[], log=lambda m: None)

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from crosscloud.demand_response import RunOnCloud, cloud_power_w, plan_shed, read_directives, write_directive
-from crosscloud.federation import load_federation
-from crosscloud.power import fit_power_curve
-from crosscloud.storage import LocalStore
+from crosscloud.core.federation import load_federation
+from crosscloud.energy.power import fit_power_curve
+from crosscloud.grid.demand_response import RunOnCloud, cloud_power_w, plan_shed, read_directives, write_directive
+from crosscloud.store.base import LocalStore
 
 
 @pytest.fixture(scope="module")

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from crosscloud.distribution import (
+from crosscloud.artifacts.distribution import (
     SYNTHETIC_NOW,
     Artifact,
     Pin,

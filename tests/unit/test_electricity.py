@@ -9,7 +9,7 @@ from datetime import datetime, timedelta, timezone
 
 import pytest
 
-from crosscloud.electricity import (
+from crosscloud.energy.prices import (
     CsvFeed,
     HttpFeed,
     PriceGapError,

@@ -7,7 +7,7 @@ import copy
 import pytest
 import yaml
 
-from crosscloud.federation import DEFAULT_FEDERATION, FederationError, load_federation, parse_federation
+from crosscloud.core.federation import DEFAULT_FEDERATION, FederationError, load_federation, parse_federation
 
 
 @pytest.fixture()

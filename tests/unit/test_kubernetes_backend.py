@@ -26,7 +26,7 @@ from crosscloud.backends.kubernetes import (
     prepull_done,
     prepull_manifest,
 )
-from crosscloud.federation import ACCELERATOR_TYPES, DEFAULT_FEDERATION, load_federation, parse_federation
+from crosscloud.core.federation import ACCELERATOR_TYPES, DEFAULT_FEDERATION, load_federation, parse_federation
 
 pytestmark = pytest.mark.kubernetes
 
@@ -117,7 +117,7 @@ def test_job_of_a_kueue_gpu_cloud_field_by_field(monkeypatch):
     # torchrun over the two pods: rank from the completion index, rendezvous on pod 0 through the headless Service
     assert c["command"][:3] == ["python", "-m", "torch.distributed.run"]
     assert {"--nnodes=2", "--nproc-per-node=8", "--node-rank=$(NODE_RANK)", f"--master-addr={name}-0.{name}"} <= set(c["command"])
-    assert c["command"][-2:] == ["-m", "crosscloud.worker"]
+    assert c["command"][-2:] == ["-m", "crosscloud.training.worker"]
     assert c["args"][c["args"].index("--federation") + 1] == "/etc/crosscloud/federation.yaml"
     env = {e["name"]: e for e in c["env"]}
     assert env["NODE_RANK"]["valueFrom"]["fieldRef"]["fieldPath"].endswith("['batch.kubernetes.io/job-completion-index']")
@@ -148,7 +148,7 @@ def test_volcano_ascend_and_single_pod_hygon():
     job = job_manifest(spec_for(kunshan, 4), kunshan)
     c = job["spec"]["template"]["spec"]["containers"][0]
     assert c["resources"]["limits"] == {"hygon.com/dcu": "4"}
-    assert c["command"] == ["python", "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=4", "-m", "crosscloud.worker"]
+    assert c["command"] == ["python", "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=4", "-m", "crosscloud.training.worker"]
     assert len(companion_manifests(spec_for(kunshan, 4), kunshan, "x")) == 1  # no Service for one pod
 
 
@@ -201,9 +201,10 @@ KUBECONFIG = {  # a cluster that is never contacted: building the request stops 
 @pytest.fixture()
 def planned_run(tmp_path, monkeypatch):
     """A plan of the remote federation (its local cloud's store moved to a folder) naming every kubernetes cloud."""
-    from crosscloud.pipeline import RunRef
-    from crosscloud.plan import BlobRef, CloudAssignment, Plan
-    from crosscloud.storage import open_store
+    from crosscloud.pipeline.stages import RunRef
+    from crosscloud.run.plan import CloudAssignment, Plan
+    from crosscloud.store.chunks import BlobRef
+    from crosscloud.store.open_store import open_store
 
     raw = yaml.safe_load(REMOTE.read_text())
     raw["clouds"][0]["store"] = {"url": f"file://{tmp_path / 'beijing'}"}
@@ -271,7 +272,7 @@ def test_operator_request_matches_the_federation(planned_run, cloud_name):
 
 
 def test_federation_refuses_a_kubernetes_cloud_on_a_folder_store():
-    from crosscloud.federation import FederationError
+    from crosscloud.core.federation import FederationError
 
     raw = yaml.safe_load(REMOTE.read_text())
     raw["clouds"][1]["store"] = {"url": "file://clouds/wuhan"}
@@ -325,7 +326,7 @@ def test_inventory_shows_what_the_cluster_has_free(recorded_api_server, ledger):
     from kubernetes.client import ApiClient, Configuration
 
     from crosscloud.backends.kubernetes import set_client_factory
-    from crosscloud.inventory import collect
+    from crosscloud.pool.inventory import collect
 
     url, asked = recorded_api_server
     raw = yaml.safe_load(REMOTE.read_text())
@@ -359,7 +360,7 @@ def test_an_unreachable_cluster_is_shown_not_fatal(ledger):
     from kubernetes.client import ApiClient, Configuration
 
     from crosscloud.backends.kubernetes import set_client_factory
-    from crosscloud.inventory import collect
+    from crosscloud.pool.inventory import collect
 
     set_client_factory(lambda access: ApiClient(Configuration(host="http://127.0.0.1:9")))  # nothing listens there
     try:

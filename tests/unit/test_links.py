@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import time
 
-from crosscloud.links import EmulatedLink, LinkedStore, store_seen_from
-
 from federations import embedded
+
+from crosscloud.store.network import EmulatedLink, LinkedStore, store_seen_from
 
 
 def _fed(bandwidth: float):

@@ -34,7 +34,7 @@ def test_finished_subtask_reports_success_and_its_output():
 
 def test_failing_subtask_reports_failure():
     backend = get_backend("local")
-    handle = backend.start(_spec("bad", "crosscloud.probe", []))  # exits 2: its arguments are missing
+    handle = backend.start(_spec("bad", "crosscloud.training.join_probe", []))  # exits 2: its arguments are missing
     assert _wait(backend, handle) == "failed"
     assert "the following arguments are required" in backend.logs(handle)[0]
 

@@ -5,13 +5,13 @@ from __future__ import annotations
 import json
 
 import pytest
-
-from crosscloud import cli, membership
-from crosscloud.admission import admit
-from crosscloud.inventory import collect
-from crosscloud.job import JobSpec
-
 from federations import embedded
+
+from crosscloud import cli
+from crosscloud.core.job import JobSpec
+from crosscloud.pool import membership
+from crosscloud.pool.admission import admit
+from crosscloud.pool.inventory import collect
 
 
 def _clouds(fed, ledger, run_id):

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from crosscloud.outer import SYNCHRONOUS, OuterConfig, outer_step, round_config, weighted_mean
+from crosscloud.training.outer import SYNCHRONOUS, OuterConfig, outer_step, round_config, weighted_mean
 
 
 def test_weighted_mean_by_samples():

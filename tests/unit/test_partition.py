@@ -3,13 +3,11 @@
 from __future__ import annotations
 
 import pytest
-
-from crosscloud.job import JobSpec, JobSpecError
-from crosscloud.partition import PlacementError, apportion, partition
-from crosscloud.placement import Part
-
 from federations import embedded
 
+from crosscloud.core.job import JobSpec, JobSpecError
+from crosscloud.pool.partition import apportion, partition
+from crosscloud.pool.placement import Part, PlacementError
 
 ALL = [Part("beijing", "cpu", 1), Part("shanghai", "cpu", 1), Part("singapore", "cpu", 1)]
 

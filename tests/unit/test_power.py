@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from crosscloud.power import device_power, effective_price, energy_price_per_device_hour, fit_power_curve
+from crosscloud.energy.power import device_power, effective_price, energy_price_per_device_hour, fit_power_curve
 
 SWEEP = """Workload,GPU power cap,throughput,total GPU power,normalized throughput,power per GPU
 train_a,100,1,1,0.2,100

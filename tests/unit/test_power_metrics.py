@@ -9,11 +9,11 @@ from urllib.parse import parse_qs, urlparse
 
 import pytest
 
-from crosscloud import demand_response
-from crosscloud.demand_response import RunOnCloud, plan_shed, verify
-from crosscloud.federation import Federation, PowerMetrics, load_federation
-from crosscloud.power import fit_power_curve
-from crosscloud.power_metrics import MetricsError, measured_power_w
+from crosscloud.core.federation import Federation, PowerMetrics, load_federation
+from crosscloud.energy.metered import MetricsError, measured_power_w
+from crosscloud.energy.power import fit_power_curve
+from crosscloud.grid import demand_response
+from crosscloud.grid.demand_response import RunOnCloud, plan_shed, verify
 
 
 class _Prometheus:

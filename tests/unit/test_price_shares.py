@@ -8,10 +8,11 @@ from datetime import datetime, timezone
 import pytest
 from federations import embedded
 
-from crosscloud.demand_response import Action, read_directives, write_directive
-from crosscloud.plan import BlobRef, CloudAssignment, Plan
-from crosscloud.price_shares import CloudRate, choose_away, cost_per_work, follow_prices
-from crosscloud.storage import open_store
+from crosscloud.grid.demand_response import Action, read_directives, write_directive
+from crosscloud.grid.following_prices import CloudRate, choose_away, cost_per_work, follow_prices
+from crosscloud.run.plan import CloudAssignment, Plan
+from crosscloud.store.chunks import BlobRef
+from crosscloud.store.open_store import open_store
 
 
 def _rate(name, price, rental=0.0, throughput=1.0, devices=1):
@@ -102,7 +103,7 @@ def test_follow_prices_writes_a_shift_directive_and_withdraws_it_when_prices_fal
     assert directive["kind"] == "shift" and directive["request"]["source"] == "prices"
     assert follow_prices(fed, "team-a", plan.run_id, now=NOON)["changed"] == []  # settled: nothing rewritten
     _prices(tmp_path / "data", "SG", 35.0)
-    from crosscloud import inventory
+    from crosscloud.pool import inventory
 
     inventory._FEEDS.clear()  # the feed caches files it has read
     decision = follow_prices(fed, "team-a", plan.run_id, now=NOON)
@@ -133,7 +134,7 @@ def test_only_runs_that_asked_for_it_follow_prices(run, ledger):
     quotas = dict(fed.tenant("team-a").quotas)
     for p in (plan, other):
         ledger.admit("team-a", p.run_id, lambda usage: [("beijing", "cpu", 1)], capacity, quotas)
-    from crosscloud.price_shares import follow_prices_all
+    from crosscloud.grid.following_prices import follow_prices_all
 
     decisions = follow_prices_all(fed, ledger, now=NOON)
     assert [d["run_id"] for d in decisions] == [plan.run_id]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import io
 
-from crosscloud.progress import Progress
+from crosscloud.tracking.progress import Progress
 
 LOG = """\
 2026-12-03T06:57:30.1Z [info     ] placement beijing/cpu: chosen - free [airflow.task] loc=x.py:1

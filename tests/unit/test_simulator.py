@@ -6,8 +6,8 @@ import random
 
 import pytest
 
-from crosscloud.placement import Site
-from crosscloud.simulator import POLICIES, Center, SimJob, metrics, simulate
+from crosscloud.pool.placement import Site
+from crosscloud.research.simulator import POLICIES, Center, SimJob, metrics, simulate
 
 
 def _job(id, home, t, devices, v100=None, k80=None, data=0, resident=False, **rt):
@@ -164,7 +164,7 @@ def test_site_wait_counts_the_devices_queued_ahead_and_backfills_only_what_does_
 
 
 def test_a_split_never_puts_two_parts_on_one_cloud():
-    from crosscloud.placement import JobRequest, Site, place
+    from crosscloud.pool.placement import JobRequest, Site, place
 
     sites = [Site("x", "v100", "A", 2, 2, families=frozenset({"f"})), Site("x", "p100", "A", 2, 2, families=frozenset({"f"})),
              Site("y", "v100", "A", 2, 2, families=frozenset({"f"}))]

@@ -75,7 +75,7 @@ def test_subtask_runs_on_the_host_with_its_secret_only_in_its_environment(access
 
 def test_failing_subtask_reports_failure_and_its_output(access):
     backend = get_backend("ssh")
-    handle = backend.start(_spec(access, "bad", "crosscloud.probe", []))  # exits 2: its arguments are missing
+    handle = backend.start(_spec(access, "bad", "crosscloud.training.join_probe", []))  # exits 2: its arguments are missing
     assert _wait(backend, handle) == "failed"
     assert "the following arguments are required" in backend.logs(handle)[0]
 
@@ -130,7 +130,7 @@ def test_airflow_connection_through_the_ssh_provider(ssh_server, access, monkeyp
 def test_federation_names_what_an_ssh_cloud_lacks(access, message):
     from federations import embedded
 
-    from crosscloud.federation import FederationError
+    from crosscloud.core.federation import FederationError
 
     with pytest.raises(FederationError, match=re.escape(message)):
         embedded(lambda raw: raw["clouds"][2].update(access=access))

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from crosscloud.commit import read_commit, read_step, write_step
-from crosscloud.storage import LocalStore
+from crosscloud.store.base import LocalStore
+from crosscloud.store.commit import read_commit, read_step, write_step
 
 pytestmark = pytest.mark.faults
 
@@ -23,8 +23,8 @@ INCLUDE = Path(__file__).resolve().parents[2] / "include"
 FULL_DISK = """
 import resource, signal, sys
 sys.path.insert(0, {include!r})
-from crosscloud.commit import write_step
-from crosscloud.storage import LocalStore, StoreError
+from crosscloud.store.commit import write_step
+from crosscloud.store.base import LocalStore, StoreError
 signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # the write fails with an error instead of killing the process
 resource.setrlimit(resource.RLIMIT_FSIZE, (1 << 20, resource.RLIM_INFINITY))
 try:

@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import pytest
-
 from federations import embedded
 
-from crosscloud.credentials import CredentialsError, credentials_env, store_credentials
-from crosscloud.federation import FederationError
-from crosscloud.names import RunKeys, validate_name
-from crosscloud.storage import LocalStore, StoreError, TenantStore, open_store
+from crosscloud.core.federation import FederationError
+from crosscloud.core.keys import RunKeys, validate_name
+from crosscloud.store.base import LocalStore, StoreError, TenantStore
+from crosscloud.store.credentials import CredentialsError, credentials_env, store_credentials
+from crosscloud.store.open_store import open_store
 
 ODD = [
     "../team-b", "..", ".", "/abs", "/", "a/b", "a\\b", "", " team", "team ", "team\n", "team\x00", "tab\tname",

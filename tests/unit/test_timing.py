@@ -5,7 +5,15 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from crosscloud.timing import BatchJob, CloudSpec, TrainingJob, account, optimum, schedule, schedule_rolling
+from crosscloud.research.price_timing import (
+    BatchJob,
+    CloudSpec,
+    TrainingJob,
+    account,
+    optimum,
+    schedule,
+    schedule_rolling,
+)
 
 H = 24
 

@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from crosscloud.commit import read_object, write_step
-from crosscloud.storage import LocalStore
-from crosscloud.tensors import PayloadError, from_bytes, to_bytes
+from crosscloud.store.base import LocalStore
+from crosscloud.store.commit import read_object, write_step
+from crosscloud.store.tensors import PayloadError, from_bytes, to_bytes
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -21,7 +21,7 @@ class SubTaskSpec:
     image: str
     accelerator: str
     devices: int
-    module: str = "crosscloud.worker"
+    module: str = "crosscloud.training.worker"
     args: list[str] = field(default_factory=list)
     env: dict[str, str] = field(default_factory=dict)
     access: dict = field(default_factory=dict)  # the cloud's federation ``access`` section: where and how to start

@@ -17,8 +17,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from crosscloud.backends.base import Backend, Handle, RemoteState, SubTaskError, SubTaskSpec
-from crosscloud.credentials import credential_env_names
-from crosscloud.federation import Cloud, KubernetesPool
+from crosscloud.core.federation import Cloud, KubernetesPool
+from crosscloud.store.credentials import credential_env_names
 
 # Device plugin resource names and taints of each accelerator family; a pool's ``kubernetes`` section overrides them.
 _NVIDIA = ("nvidia.com/gpu", 8)

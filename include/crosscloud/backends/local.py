@@ -21,7 +21,7 @@ from pathlib import Path
 import psutil
 
 from crosscloud.backends.base import Backend, Handle, SubTaskError, SubTaskSpec
-from crosscloud.storage import state_dir
+from crosscloud.core.paths import state_dir
 
 
 def _subtasks_root() -> Path:

@@ -1,0 +1,1 @@
+"""Models, data and images where they are needed: preheat, distribution plans and the catalog."""

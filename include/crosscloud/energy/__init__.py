@@ -1,0 +1,1 @@
+"""Electricity prices and carbon, their forecast, the power model and metered power."""

@@ -1,0 +1,1 @@
+"""Answering the grid: demand response and compute that follows prices inside a run."""

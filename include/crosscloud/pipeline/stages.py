@@ -1,0 +1,409 @@
+"""The stages of one cross-cloud training run, as plain functions.
+
+The DAG ``cross_cloud_training`` calls each stage from its own task; benchmarks
+and the baseline calibration call ``run_job``, which runs the same stages in
+one process. A stage finds everything by ``RunRef`` (federation, tenant, run
+id): the plan in the coordinator's store is the single source of truth.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from crosscloud.artifacts.preheat import TransferReport, fetch_all
+from crosscloud.backends import Handle, SubTaskError, SubTaskSpec, get_backend
+from crosscloud.core.federation import Federation, load_federation
+from crosscloud.core.federation import federation_path as resolve_federation_path
+from crosscloud.core.job import JobSpec
+from crosscloud.core.keys import manifest_key, validate_name
+from crosscloud.core.presets import ModelConfig, preset
+from crosscloud.pool.admission import NotAdmitted, admit, preflight
+from crosscloud.pool.ledger import Ledger
+from crosscloud.pool.partition import partition
+from crosscloud.pool.placement import PlacementError
+from crosscloud.run import baseline
+from crosscloud.run.history import load_history
+from crosscloud.run.plan import Candidate, Plan
+from crosscloud.store.base import StoreError
+from crosscloud.store.chunks import BlobRef, ChunkIndex, put_blob, read_blob, warmth
+from crosscloud.store.commit import read_commit, write_step
+from crosscloud.store.credentials import credentials_env, require_credentials
+from crosscloud.store.network import nearest_first, network, store_seen_from, wan_bytes
+from crosscloud.store.open_store import open_store
+from crosscloud.store.tensors import from_bytes, to_bytes
+from crosscloud.training.coordinator import Coordinator, load_global
+from crosscloud.training.corpus import build_corpus
+from crosscloud.training.model import build_model, evaluate
+
+Log = Callable[[str], None]
+
+
+@dataclass(frozen=True)
+class RunRef:
+    """How every stage finds a run: small enough to pass through XCom."""
+
+    federation_path: str
+    tenant: str
+    run_id: str
+
+    def to_dict(self) -> dict:
+        return {"federation_path": self.federation_path, "tenant": self.tenant, "run_id": self.run_id}
+
+    def load(self) -> tuple[Federation, Plan]:
+        fed = load_federation(self.federation_path)
+        return fed, Plan.load(open_store(fed.local_cloud, self.tenant), self.tenant, self.run_id)
+
+
+def _materialize_inputs(fed: Federation, spec: JobSpec, cfg: ModelConfig, init: bytes | None = None):
+    """Put the dataset shards on the dataset's home cloud and the initial model on the local cloud.
+
+    ``init`` (safetensors) starts from given weights, e.g. a registered model
+    being retrained; they must fit the model preset, checked here before
+    anything is admitted. By default the model starts from the seed.
+    """
+    ds = fed.dataset(spec.dataset)
+    shards, held_out = build_corpus(ds.shards, spec.seed)
+    data_home = open_store(fed.cloud(ds.home), spec.tenant)
+    index = ChunkIndex(data_home, spec.tenant)
+    shard_refs = [put_blob(data_home, spec.tenant, s, kind="dataset", index=index, residency=ds.residency)[0] for s in shards]
+    home = open_store(fed.local_cloud, spec.tenant)
+    held_ref, _ = put_blob(home, spec.tenant, held_out, kind="dataset", residency=ds.residency)
+    model = build_model(cfg, spec.seed)
+    if init is not None:
+        model.load_state_dict(from_bytes(init))  # raises, naming the tensors, when they do not fit the preset
+    init_ref, _ = put_blob(home, spec.tenant, to_bytes(model.state_dict()), kind="model")
+    return shard_refs, held_ref, init_ref
+
+
+def _holders(fed: Federation, tenant: str, refs: list[BlobRef]) -> set[str]:
+    """Clouds already warm for every one of ``refs`` (content-addressed, so any earlier run's copy counts)."""
+    holders = set()
+    for cloud in fed.clouds:
+        try:
+            store = open_store(cloud, tenant)
+            index = ChunkIndex(store, tenant)
+            if all(warmth(store, tenant, r, index=index).warm for r in refs):
+                holders.add(cloud.name)
+        except StoreError:  # a store placement cannot read now holds nothing it can count on
+            continue
+    return holders
+
+
+def admit_stage(
+    spec: JobSpec,
+    run_id: str,
+    federation_path: str | None = None,
+    experiment: str | None = None,
+    tags: dict[str, str] | None = None,
+    init: bytes | None = None,
+) -> RunRef:
+    """Admit the run (place it, reserve its devices), give clouds shares and shards, write the plan, open MLflow runs.
+
+    Raises ``NotAdmitted`` while the devices it needs are taken (the caller waits
+    and tries again) and ``PlacementError`` when no cloud could ever take it.
+    """
+    validate_name(run_id, "run id")
+    federation_path = str(resolve_federation_path(federation_path))
+    fed = load_federation(federation_path)
+    cfg = preset(spec.model_size)
+    ds = fed.dataset(spec.dataset)
+    if ds.residency and fed.local_cloud.jurisdiction != ds.residency:
+        raise PlacementError(f"dataset {ds.name} is resident in {ds.residency}; its held-out part cannot be evaluated on {fed.local_cloud.name}")
+    # what can never run fails here, before any input is written
+    preflight(fed, spec, cfg.family)
+    usable = spec.clouds or [c for c, n in fed.tenant(spec.tenant).quotas.items() if n > 0]
+    require_credentials([fed.cloud(n) for n in sorted({ds.home, fed.local_cloud.name, *usable})], spec.tenant)
+    shard_refs, held_ref, init_ref = _materialize_inputs(fed, spec, cfg, init)
+    ledger = Ledger()
+    admission = admit(fed, spec, run_id, cfg.family, sum(r.size for r in shard_refs), _holders(fed, spec.tenant, shard_refs), ledger)
+    try:
+        plan = Plan(
+            tenant=spec.tenant,
+            run_id=run_id,
+            federation=fed.name,
+            federation_path=federation_path,
+            job=spec.to_dict(),
+            model=cfg.to_dict(),
+            outer={"lr": spec.outer_lr, "momentum": spec.outer_momentum},
+            coordinator_cloud=fed.local_cloud.name,
+            clouds=partition(fed, spec, cfg.family, admission.parts, ds.shards),
+            candidates=[Candidate(cloud=c.cloud, accelerator=c.accelerator, chosen=c.chosen, reason=c.reason)
+                        for c in admission.considered],
+            dataset=spec.dataset,
+            shards=shard_refs,
+            held_out=held_ref,
+            init=init_ref,
+            created_at=time.time(),
+        )
+        if experiment:
+            from crosscloud.tracking.mlflow_runs import Tracker
+
+            plan.tracking = Tracker().start_job(plan, experiment, tags or {})
+        plan.save(open_store(fed.local_cloud, spec.tenant))
+    except BaseException:
+        ledger.release(spec.tenant, run_id)  # a run that never got its plan holds no devices
+        raise
+    return RunRef(federation_path, spec.tenant, run_id)
+
+
+def release_stage(ref: RunRef) -> int:
+    """Give back the devices the run reserved; returns how many it held."""
+    return Ledger().release(ref.tenant, ref.run_id)
+
+
+def preheat_stage(ref: RunRef) -> dict:
+    """Make every chosen cloud hold what its sub-task reads, then publish round 0 there.
+
+    Chunks come from the nearest cloud holding them (the dataset's home, the
+    local cloud, or a cloud preheated before), only those the target lacks.
+    """
+    fed, plan = ref.load()
+    report = TransferReport()
+    home = open_store(fed.local_cloud, plan.tenant)
+    stores = {c.name: store_seen_from(fed, c.name, fed.local_cloud.name, plan.tenant) for c in plan.clouds}
+    holders = {fed.dataset(plan.dataset).home, fed.local_cloud.name}
+    for cloud in plan.clouds:
+        names = nearest_first(fed, cloud.name, sorted(holders | set(stores)))
+        sources = [stores.get(n) or open_store(fed.cloud(n), plan.tenant) for n in names]
+        fetch_all(stores[cloud.name], sources, plan.tenant, plan.needs(cloud.name), report)
+        plan.save(stores[cloud.name])
+    round0 = plan.keys.global_step(0)
+    init_entry = {"artifact": manifest_key(plan.tenant, plan.init.sha256), "size": plan.init.size, "sha256": plan.init.sha256}
+    meta = {"round": -1, "published_at": time.time()}
+    # the coordinator's own store last: its commit marks the round published
+    for store in [s for name, s in stores.items() if name != fed.local_cloud.name] + [home]:
+        if read_commit(store, round0) is None:
+            write_step(store, round0, {}, refs={"params.safetensors": init_entry}, meta=meta)
+    result = report.to_dict()
+    home.put(f"{plan.keys.root}/preheat.json", json.dumps(result, indent=2).encode())
+    return result
+
+
+def subtask_spec(plan: Plan, cloud: str, env: dict[str, str] | None = None, access: dict | None = None) -> SubTaskSpec:
+    """What the sub-task of ``cloud`` runs, whatever backend starts it; ``env`` carries its credentials."""
+    me = plan.cloud(cloud)
+    args = ["--tenant", plan.tenant, "--run-id", plan.run_id, "--cloud", cloud, "--federation", plan.federation_path]
+    return SubTaskSpec(
+        tenant=plan.tenant, run_id=plan.run_id, cloud=cloud, image=me.image, accelerator=me.accelerator,
+        devices=me.devices, args=args, env=env or {}, access=access or {},
+    )
+
+
+def check_warm(fed: Federation, plan: Plan, cloud: str) -> None:
+    """Refuse to start a sub-task whose inputs are not all on its cloud, saying what is missing and for how long."""
+    store = open_store(fed.cloud(cloud), plan.tenant)
+    index = ChunkIndex(store, plan.tenant)
+    missing = sum(warmth(store, plan.tenant, r, index=index).missing_bytes for r in plan.needs(cloud))
+    if missing:
+        src = nearest_first(fed, cloud, [fed.dataset(plan.dataset).home, fed.local_cloud.name])[0]
+        eta = network(fed)(src, cloud, missing)
+        raise SubTaskError(
+            f"cloud {cloud} is not warm for run {plan.run_id}: {missing / 2**20:.1f} MiB of its shards and model are "
+            f"missing, about {eta:.0f} s from {src}; run the preheat task again"
+        )
+
+
+def dispatch_stage(ref: RunRef, cloud: str) -> Handle:
+    """Start one cloud's sub-task, once its inputs are there, and return at once with its handle."""
+    fed, plan = ref.load()
+    check_warm(fed, plan, cloud)
+    access = fed.cloud(cloud).access
+    spec = subtask_spec(plan, cloud, env=credentials_env(fed.cloud(cloud), plan.tenant), access=access.model_dump())
+    return get_backend(access.method).start(spec)
+
+
+def run_handles(ref: RunRef) -> list[Handle]:
+    """Handles of every sub-task the run started, found through each cloud's backend."""
+    fed, plan = ref.load()
+    found = (get_backend(c.method).find(plan.tenant, plan.run_id, c.name, fed.cloud(c.name).access.model_dump())
+             for c in plan.clouds)
+    return [h for h in found if h is not None]
+
+
+def stop_run(ref: RunRef, handles: list[Handle]) -> None:
+    """Tell every sub-task to stop (a STOP marker in each store) and stop the ones still running."""
+    fed, plan = ref.load()
+    for cloud in plan.clouds:
+        open_store(fed.cloud(cloud.name), plan.tenant).put(plan.keys.stop, b"stopped by the coordinator\n")
+    for handle in handles:
+        get_backend(handle["backend"]).stop(handle)
+
+
+def sync_stage(ref: RunRef, handles: list[Handle], log: Log = print) -> list[dict]:
+    """Run the coordinator; on failure stop the sub-tasks so nothing trains on unattended."""
+    fed, plan = ref.load()
+    stores = {c.name: store_seen_from(fed, c.name, plan.coordinator_cloud, plan.tenant) for c in plan.clouds}
+    tracker = None
+    if plan.tracking:
+        from crosscloud.tracking.mlflow_runs import Tracker
+
+        tracker = Tracker()
+    sent = [wan_bytes()]
+
+    def on_round(record: dict) -> None:
+        now = wan_bytes()
+        record["wan_bytes"], sent[0] = now - sent[0], now
+        if tracker:
+            tracker.log_round(plan, record)
+
+    coordinator = Coordinator(plan, stores, handles, log=log, on_round=on_round)
+    try:
+        return coordinator.run()
+    except BaseException:
+        stop_run(ref, handles)
+        raise
+
+
+def _wait_for_exit(handles: list[Handle], timeout_s: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    for handle in handles:
+        backend = get_backend(handle["backend"])
+        while backend.state(handle) == "running" and time.monotonic() < deadline:
+            time.sleep(0.1)
+        backend.stop(handle)
+
+
+def _baseline(plan: Plan, experiment: str | None, log: Log) -> dict | None:
+    """The matching single-cluster baseline from MLflow, or a short calibration run of it.
+
+    None, said in the log, when no single cloud can hold the same devices or they
+    are taken now: a smaller baseline would flatter the gap, and the finished
+    training must not fail for want of a comparison.
+    """
+    key = baseline.baseline_key(plan)
+    if experiment:
+        from crosscloud.tracking.mlflow_runs import Tracker
+
+        found = Tracker().find_baseline(experiment, key)
+        if found:
+            log(f"baseline: MLflow run {found['run_id']} ({found['iteration_time_s'] * 1000:.1f} ms/step)")
+            return {"source": "mlflow", **found}
+    spec = baseline.calibration_spec(plan)
+    log(f"baseline: none recorded for key {key}; calibrating {spec.rounds} single-cluster rounds on {spec.clouds[0]}")
+    try:
+        summary = run_job(spec, f"{plan.run_id}.baseline", plan.federation_path, experiment, log=log)
+    except (PlacementError, NotAdmitted) as exc:
+        log(f"baseline: no calibration run ({exc}); the run is reported without a gap")
+        return None
+    return {"source": "calibration", "run_id": summary["run_id"], "iteration_time_s": summary["metrics"]["iteration_time_s"],
+            "final_eval_loss": summary["metrics"]["final_eval_loss"]}
+
+
+def _cloud_summary(fed: Federation, plan: Plan, history: list[dict], train_s: float) -> dict:
+    clouds = {}
+    for c in plan.clouds:
+        pool = next(p for p in fed.cloud(c.name).pools if p.accelerator == c.accelerator)
+        rounds = [r["clouds"][c.name] for r in history if c.name in r["clouds"]]  # a lost cloud left no record
+        steps = [s for r in rounds for s in r["step_s"]] or [0.0]  # a cloud idle all run trained no step
+        device_hours = c.devices * train_s / 3600
+        clouds[c.name] = {
+            "share": c.share,
+            "devices": c.devices,
+            "mean_iteration_time_s": sum(steps) / len(steps),
+            "compute_s": sum(r["compute_s"] for r in rounds),
+            "comm_s": sum(r["upload_s"] + r["download_s"] for r in rounds),
+            "wait_s": sum(r["wait_s"] for r in rounds),
+            "cost": device_hours * pool.price_per_device_hour,
+            "energy_kwh": device_hours * pool.power_w / 1000,
+        }
+    return clouds
+
+
+def held_out_data(home, plan: Plan) -> torch.Tensor:
+    """The run's held-out bytes: every eval loss of the run, and a retrain's comparison, is measured on them."""
+    return torch.frombuffer(bytearray(read_blob(home, plan.tenant, plan.held_out)), dtype=torch.uint8)
+
+
+def aggregate_stage(ref: RunRef, handles: list[Handle], experiment: str | None = None, log: Log = print,
+                    compare_baseline: bool = True) -> dict:
+    """Final model and evaluation, whole-run metrics, the baseline gap; closes the MLflow runs."""
+    fed, plan = ref.load()
+    spec, home = plan.spec, open_store(fed.local_cloud, plan.tenant)
+    _wait_for_exit(handles)
+    release_stage(ref)  # training is over: the devices go back before any calibration run needs them
+    history = load_history(home, plan)
+    if len(history) != spec.rounds:
+        raise RuntimeError(f"run {plan.run_id}: {len(history)} of {spec.rounds} rounds committed; rerun sync_checkpoints")
+    params, _, _ = load_global(home, plan, spec.rounds)
+    write_step(home, plan.keys.final, {"model.safetensors": to_bytes(params)}, meta={"rounds": spec.rounds})
+    model = build_model(ModelConfig(**plan.model), spec.seed)
+    held_out = held_out_data(home, plan)
+    model.load_state_dict(load_global(home, plan, 0)[0])
+    eval_start = evaluate(model, held_out)
+    model.load_state_dict(params)
+    eval_end = evaluate(model, held_out)
+    it_s = baseline.iteration_time(history, spec.inner_steps)
+    train_s = sum(r["wall_s"] for r in history)
+    clouds = _cloud_summary(fed, plan, history, train_s)
+    base = _baseline(plan, experiment, log) if spec.mode == "cross_cloud" and compare_baseline else None
+    summary = {
+        "run_id": plan.run_id,
+        "tenant": plan.tenant,
+        "mode": spec.mode,
+        "clouds": clouds,
+        "rounds": spec.rounds,
+        "inner_steps": spec.inner_steps,
+        "baseline": base,
+        "metrics": {
+            "eval_loss_start": eval_start,
+            "final_eval_loss": eval_end,
+            "iteration_time_s": it_s,
+            "baseline_iteration_time_s": base["iteration_time_s"] if base else None,
+            "iteration_time_gap_pct": baseline.gap_pct(it_s, base["iteration_time_s"]) if base else None,
+            "train_wall_s": train_s,
+            "cost": sum(c["cost"] for c in clouds.values()),
+            "energy_kwh": sum(c["energy_kwh"] for c in clouds.values()),
+        },
+        "history": [
+            {**{k: v for k, v in r.items() if k != "clouds"},
+             "clouds": {c: {k: v for k, v in rec.items() if isinstance(v, (int, float))} for c, rec in r["clouds"].items()}}
+            for r in history
+        ],
+    }
+    tracker = None
+    if plan.tracking:
+        from crosscloud.tracking import registry
+        from crosscloud.tracking.mlflow_runs import Tracker
+
+        tracker = Tracker()
+        if spec.mode == "cross_cloud":  # a single-cluster baseline is a measurement, not a model to serve
+            summary["model"] = registry.register(tracker.client, plan, summary, to_bytes(params))
+    home.put(plan.keys.summary, json.dumps(summary, indent=2).encode())
+    if tracker:
+        from crosscloud.tracking import plots
+        from crosscloud.tracking.run_report import load_run
+
+        started = history[0]["published_at"] - history[0]["wall_s"]
+        plots.log_plots(tracker.client, fed, load_run(fed, plan.tenant, plan.run_id), baseline.baseline_key(plan),
+                        started, history[-1]["published_at"])
+        logs = {h["cloud"]: get_backend(h["backend"]).logs(h)[0] for h in handles}
+        tracker.finish(plan, summary, logs)
+    return summary
+
+
+def run_job(spec: JobSpec, run_id: str, federation_path: str | None = None, experiment: str | None = None,
+            log: Log = print, compare_baseline: bool = True, tags: dict[str, str] | None = None,
+            init: bytes | None = None) -> dict:
+    """All stages in this process, through the engine backends: for benchmarks, calibration and retraining."""
+    ref = admit_stage(spec, run_id, federation_path, experiment, tags={"crosscloud.launcher": "engine", **(tags or {})},
+                      init=init)
+    preheat_stage(ref)
+    _, plan = ref.load()
+    try:
+        handles = [dispatch_stage(ref, c.name) for c in plan.clouds]
+        try:
+            sync_stage(ref, handles, log)
+        except BaseException:
+            if plan.tracking:
+                from crosscloud.tracking.mlflow_runs import Tracker
+
+                Tracker().fail(plan)
+            raise
+        return aggregate_stage(ref, handles, experiment, log, compare_baseline)
+    finally:
+        release_stage(ref)

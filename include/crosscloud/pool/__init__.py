@@ -1,0 +1,1 @@
+"""The shared pool: reservation ledger, inventory, membership, placement, admission and partition."""

@@ -1,0 +1,1 @@
+"""One run's records: its plan, its round history and its single-cluster baseline."""

@@ -1,0 +1,98 @@
+"""The plan of one run: written by ``partition``, read by every later stage.
+
+It is stored as ``<tenant>/runs/<run_id>/plan.json`` in the local cloud's store
+and travels between Airflow tasks by that key, never as a copy that can drift.
+"""
+
+from __future__ import annotations
+
+import json
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from crosscloud.core.job import JobSpec
+from crosscloud.core.keys import RunKeys
+from crosscloud.store.base import ObjectStore
+from crosscloud.store.chunks import BlobRef
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class CloudAssignment(_Model):
+    """One cloud's sub-task: where it runs, on what, and which part of the job."""
+
+    name: str
+    role: str
+    method: str
+    accelerator: str
+    devices: int
+    throughput: float = Field(description="effective throughput: devices x relative speed for the model family")
+    share: int = Field(description="sequences of the global batch this cloud trains per inner step")
+    shards: list[int]
+    image: str
+
+
+class Candidate(_Model):
+    """A cloud's pool considered by placement, and why it was taken or not."""
+
+    cloud: str
+    accelerator: str = ""  # plans written before pools were named per candidate have none
+    chosen: bool
+    reason: str
+
+
+class Plan(_Model):
+    version: int = 1
+    tenant: str
+    run_id: str
+    federation: str
+    federation_path: str
+    job: dict
+    model: dict
+    outer: dict
+    coordinator_cloud: str
+    clouds: list[CloudAssignment]
+    candidates: list[Candidate]
+    dataset: str
+    shards: list[BlobRef]
+    held_out: BlobRef
+    init: BlobRef
+    tracking: dict = Field(default_factory=dict)
+    created_at: float = 0.0  # when the run was admitted: its age in the artifacts' demand
+
+    @property
+    def keys(self) -> RunKeys:
+        return RunKeys(self.tenant, self.run_id)
+
+    @property
+    def spec(self) -> JobSpec:
+        return JobSpec(**self.job)
+
+    @property
+    def overlap(self) -> bool:
+        """Whether round r's exchange runs while round r + 1 computes (one-round-delayed global)."""
+        return self.spec.overlap
+
+    @property
+    def compression(self) -> str:
+        """How pseudo-gradients travel; a single cluster exchanges nothing over a WAN, so exactly."""
+        return "none" if self.spec.mode == "single_cluster" else self.spec.compression
+
+    def cloud(self, name: str) -> CloudAssignment:
+        for c in self.clouds:
+            if c.name == name:
+                return c
+        raise KeyError(f"cloud {name!r} is not in the plan of run {self.run_id}; planned: {[c.name for c in self.clouds]}")
+
+    def needs(self, cloud: str) -> list[BlobRef]:
+        """What the sub-task on ``cloud`` reads before its first step: its shards and the initial model."""
+        return [self.shards[i] for i in self.cloud(cloud).shards] + [self.init]
+
+    def save(self, store: ObjectStore) -> None:
+        store.put(self.keys.plan, self.model_dump_json(indent=2).encode())
+
+    @classmethod
+    def load(cls, store: ObjectStore, tenant: str, run_id: str) -> Plan:
+        return cls.model_validate(json.loads(store.get(RunKeys(tenant, run_id).plan)))

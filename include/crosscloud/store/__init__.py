@@ -1,0 +1,1 @@
+"""Object stores and what crosses them: S3, credentials, digests, the commit protocol, chunked artifacts, safetensors, emulated links."""

@@ -1,0 +1,1 @@
+"""What a person sees of runs: MLflow runs and registry, plots, the run report and live progress."""

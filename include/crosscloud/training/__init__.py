@@ -1,0 +1,1 @@
+"""The training algorithm: model, corpus, compression, screening, outer step, checkpoints, worker and coordinator."""

@@ -1,0 +1,254 @@
+"""The training worker: one cloud's sub-task of a cross-cloud run.
+
+Each round it trains ``inner_steps`` AdamW steps on its own shards, with an lr
+for its part of the global batch (``job.local_lr``), and commits its
+pseudo-gradient (global - local) with the round's timings. It reads and writes
+nothing but its own cloud's store. Inside the cloud, several devices train with
+ordinary data parallelism (torch.distributed, launched by torchrun).
+
+Run as ``python -m crosscloud.training.worker --tenant T --run-id R --cloud C``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+import zlib
+
+import torch
+import torch.distributed as dist
+
+from crosscloud.core.federation import load_federation
+from crosscloud.core.job import local_lr
+from crosscloud.core.presets import ModelConfig
+from crosscloud.pool.partition import apportion
+from crosscloud.run.plan import Plan
+from crosscloud.store.base import ObjectStore, StoreError
+from crosscloud.store.chunks import read_blob
+from crosscloud.store.commit import put_object, read_commit, read_object, write_step
+from crosscloud.store.open_store import open_store
+from crosscloud.store.tensors import from_bytes, to_bytes
+from crosscloud.training.checkpoint import PARAMS, global_params
+from crosscloud.training.compression import ErrorFeedback
+from crosscloud.training.model import batches as sample_batches
+from crosscloud.training.model import build_model, lm_loss
+
+POLL_S = 0.05
+
+
+class Stopped(RuntimeError):
+    """The run was stopped or abandoned; the worker exits without committing."""
+
+
+def wait_for_commit(store: ObjectStore, step: str, stop_key: str, timeout_s: float) -> dict:
+    """Poll until ``step`` is committed; give up when the run is stopped or stalls."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            commit = read_commit(store, step)
+            if commit is not None:
+                return commit
+            if store.exists(stop_key):
+                raise Stopped(f"run stopped while waiting for {step}")
+        except StoreError as exc:  # a store failing past its retry deadline: the global may still come, ask again
+            print(f"polling {step} again: {exc}", file=sys.stderr, flush=True)
+        if time.monotonic() > deadline:
+            raise Stopped(f"no commit of {step} within {timeout_s:.0f} s; the coordinator is gone or stalled")
+        time.sleep(POLL_S)
+
+
+class DelayedGlobal:
+    """Folds each global checkpoint into a model that has trained on without it.
+
+    Round r's exchange runs while round r + 1 computes, so global r + 1 (every cloud's round r)
+    arrives while this cloud is already past it: its model is global r plus its own progress
+    of rounds r, r + 1, ... . Global r + 1 is folded in the moment it is committed, usually a
+    few steps into round r + 1, by swapping this cloud's own round-r progress for what the
+    outer step made of all clouds' (``correction``). Waiting only happens when it is still
+    missing a whole round later.
+    """
+
+    def __init__(self, params: dict[str, torch.Tensor], meta: dict, mix: float = 0.0):
+        self.params, self.round, self.metas = params, 0, {0: meta}
+        self.own: dict[int, dict[str, torch.Tensor]] = {}
+        self.mix = mix
+        self.drift: dict[str, torch.Tensor] = {}  # how far the model stays from where blocking rounds would have it
+
+    def record(self, round_: int, progress: dict[str, torch.Tensor]) -> None:
+        """This cloud's progress of ``round_``, kept until the global that contains it arrives."""
+        self.own[round_] = progress
+
+    def pending(self) -> bool:
+        """Whether a round this cloud has committed is not yet folded in."""
+        return self.round in self.own
+
+    def correction(self, params: dict[str, torch.Tensor], meta: dict) -> dict[str, torch.Tensor]:
+        """Global ``self.round + 1`` arrived: what to add to the model (and to its round base).
+
+        The whole correction puts the model where blocking rounds would have it (the global
+        plus the running round's progress). With ``mix`` (Streaming DiLoCo's mixing factor)
+        the model keeps that share of its distance from there, so the steps it already took
+        from its own unaveraged point are not undone at once; the globals, built only from
+        progress, do not change.
+        """
+        own = self.own.pop(self.round)
+        fix = {n: params[n] - self.params[n] - own[n] for n in params}
+        if self.mix:
+            gap = {n: fix[n] - self.drift.get(n, 0.0) for n in fix}
+            self.drift = {n: -self.mix * g for n, g in gap.items()}
+            fix = {n: (1.0 - self.mix) * g for n, g in gap.items()}
+        self.params, self.round = params, self.round + 1
+        self.metas[self.round] = meta
+        return fix
+
+
+def throttle(step_s: float, throughput: float) -> None:
+    """Run at ``throughput`` of full speed: how a power cap shows on a local cloud, whose power is modelled."""
+    if throughput < 1.0:
+        time.sleep(step_s * (1.0 / throughput - 1.0))
+
+
+def _snapshot(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    return {n: t.detach().clone() for n, t in model.state_dict().items()}
+
+
+def _commit_delta(store: ObjectStore, step: str, progress: dict, feedback: ErrorFeedback | None, meta: dict) -> None:
+    """Commit the pseudo-gradient (-progress), int8 with error feedback where the plan says so."""
+    t = time.perf_counter()
+    delta = {n: -p for n, p in progress.items()}
+    name, payload = ("delta.int8.safetensors", feedback.compress(delta)) if feedback else ("delta.safetensors", delta)
+    entry = put_object(store, f"{step}/{name}", to_bytes(payload))
+    write_step(store, step, {}, refs={name: entry}, meta={**meta, "upload_s": time.perf_counter() - t})
+
+
+def _distributed() -> tuple[int, int]:
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    if world > 1:
+        dist.init_process_group("gloo")
+        return dist.get_rank(), world
+    return 0, 1
+
+
+def train(plan: Plan, cloud: str, store: ObjectStore) -> None:
+    spec, me, keys = plan.spec, plan.cloud(cloud), plan.keys
+    rank, world = _distributed()
+    torch.set_num_threads(1)
+    data = torch.frombuffer(
+        bytearray(b"\n".join(read_blob(store, plan.tenant, plan.shards[i]) for i in me.shards)), dtype=torch.uint8
+    )
+    cfg = ModelConfig(**plan.model)
+    model = build_model(cfg, plan.spec.seed)
+    ddp = torch.nn.parallel.DistributedDataParallel(model) if world > 1 else model
+    share = me.share
+    opt = torch.optim.AdamW(model.parameters(), lr=local_lr(spec, share), weight_decay=0.0)
+    gen = torch.Generator().manual_seed(zlib.crc32(f"{spec.seed}/{cloud}/{rank}".encode()))
+
+    feedback = ErrorFeedback() if plan.compression == "int8" else None
+    t0 = time.perf_counter()
+    commit = wait_for_commit(store, keys.global_step(0), keys.stop, spec.round_timeout_s)
+    params = from_bytes(read_object(store, commit, PARAMS))
+    model.load_state_dict(params)
+    known = DelayedGlobal(params, commit["meta"], mix=spec.fold_mix if plan.overlap else 0.0)
+    base = _snapshot(model)
+
+    def fold_in(commit: dict) -> None:
+        nonlocal base
+        fix = known.correction(global_params(store, commit, known.params), commit["meta"])
+        model.load_state_dict({n: t + fix[n] for n, t in _snapshot(model).items()})
+        base = {n: t + fix[n] for n, t in base.items()}  # the running round's progress stays its own
+
+    def arrived() -> dict | None:
+        """The next global if it is committed already (rank 0 looks; every rank learns the answer)."""
+        try:
+            commit = read_commit(store, keys.global_step(known.round + 1)) if rank == 0 else None
+        except StoreError:  # not arrived, as far as this step can tell: asked again at the next step
+            commit = None
+        if world > 1:
+            flag = torch.tensor([commit is not None], dtype=torch.int32)
+            dist.broadcast(flag, 0)
+            if flag.item() and commit is None:
+                commit = read_commit(store, keys.global_step(known.round + 1))
+        return commit
+
+    ready = {"wait_s": time.perf_counter() - t0, "download_s": 0.0}
+    cap = {"cap": 1.0, "throughput": 1.0}
+    for r in range(spec.rounds):
+        t1, started_at = time.perf_counter(), time.time()
+        losses, step_s, fold_s, folded_at = [], [], 0.0, None
+        batch = apportion(share, [1.0] * world)[rank] if share >= world else 1
+        for group in opt.param_groups:  # shares may have moved: the lr follows this cloud's part of the batch
+            group["lr"] = local_lr(spec, share)
+        for _ in range(spec.inner_steps if share > 0 else 0):  # share 0: the work moved away, devices idle
+            if known.pending():  # overlap: fold the global in the moment it is committed, without waiting
+                tf = time.perf_counter()
+                if (commit := arrived()) is not None:
+                    fold_in(commit)
+                    folded_at = len(losses)
+                fold_s += time.perf_counter() - tf
+            ts = time.perf_counter()
+            loss = lm_loss(ddp, sample_batches(data, batch, cfg.seq_len, gen))
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            opt.step()
+            losses.append(loss.item())
+            throttle(time.perf_counter() - ts, cap["throughput"])
+            step_s.append(time.perf_counter() - ts)
+        t2 = time.perf_counter()
+        progress = {n: t - base[n] for n, t in _snapshot(model).items()}
+        known.record(r, progress)
+        ready["download_s"] += fold_s
+        if rank == 0:
+            _commit_delta(store, keys.cloud_step(cloud, r), progress, feedback, {
+                "round": r, "cloud": cloud, "samples": share * spec.inner_steps, "losses": losses,
+                "step_s": step_s, "compute_s": t2 - t1 - fold_s, "folded_at_step": folded_at, "cap": cap["cap"],
+                "started_at": started_at, **ready,
+            })
+            if losses:
+                capped = "" if cap["cap"] == 1.0 else f" under a {cap['cap']:.0%} power cap"
+                folded = "" if folded_at is None else f", global {r} folded in after {folded_at} steps"
+                print(f"round {r}: loss {losses[0]:.3f} -> {losses[-1]:.3f}, {1000 * (t2 - t1 - fold_s) / spec.inner_steps:.1f} "
+                      f"ms/step{capped}, waited {ready['wait_s']:.2f} s{folded}", flush=True)
+            else:
+                print(f"round {r}: idle, its work shifted to the other clouds", flush=True)
+        if r == spec.rounds - 1:
+            break
+        # overlap: round r + 1 needs no more than global r (this round's exchange runs while it
+        # computes and is folded in when it lands); blocking: it starts from global r + 1.
+        t3, wait_s = time.perf_counter(), 0.0
+        need = r if plan.overlap else r + 1
+        while known.round < need:
+            tw = time.perf_counter()
+            commit = wait_for_commit(store, keys.global_step(known.round + 1), keys.stop, spec.round_timeout_s)
+            wait_s += time.perf_counter() - tw
+            fold_in(commit)
+        meta = known.metas[need]
+        share = meta.get("next_shares", {}).get(cloud, share)  # straggler-aware and grid-shifted shares
+        cap = meta.get("caps", {}).get(cloud, {"cap": 1.0, "throughput": 1.0})  # a grid request's power cap
+        base = _snapshot(model)
+        ready = {"wait_s": wait_s, "download_s": time.perf_counter() - t3 - wait_s}
+    if world > 1:
+        dist.destroy_process_group()
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--tenant", required=True)
+    parser.add_argument("--run-id", required=True)
+    parser.add_argument("--cloud", required=True)
+    parser.add_argument("--federation", default=None)
+    args = parser.parse_args(argv)
+    fed = load_federation(args.federation)
+    store = open_store(fed.cloud(args.cloud), args.tenant)
+    plan = Plan.load(store, args.tenant, args.run_id)
+    try:
+        train(plan, args.cloud, store)
+    except Stopped as exc:
+        print(f"stopping: {exc}", file=sys.stderr, flush=True)
+        return 3
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
