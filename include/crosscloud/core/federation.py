@@ -162,7 +162,7 @@ class Grid(_Model):
 
     ``region`` names a price file of the electricity feed
     (``<data>/electricity/prices/<REGION>_<YEAR>.csv``, see ``crosscloud.energy.prices``);
-    it is checked against the feed when the feed is opened (``open_grid_feed``),
+    it is checked when the feed is read (an unknown region is refused, naming it),
     not at load, so a federation loads without the data present.
     """
 

@@ -1,23 +1,9 @@
 """Power model per accelerator type, throughput against power cap, PUE, and the effective device-hour price.
 
-* ``DEVICE_POWER``: idle and full (board power limit) watts per device of each
-  accelerator type crosscloud knows (vendor specifications; idle values are
-  typical measured idle draws). A federation pool's own ``power_w`` overrides
-  the full power for that pool.
-* ``PowerCurve``: throughput and drawn power as functions of the power cap,
-  fitted from measured DVFS sweeps (``$CROSSCLOUD_DATA_DIR/power/dvfs_sweep.csv``,
-  Emerald AI). For each workload, the cap is expressed as a fraction of its
-  largest cap (400 W -> 1.0), throughput as its ``normalized throughput`` and
-  power as ``power per GPU`` divided by that at the largest cap. The fit
-  averages these over the chosen workloads (default: training, i.e. names not
-  starting with ``infer``) at each measured cap, makes both curves
-  non-decreasing (running maximum), anchors them at (1.0, 1.0), and
-  interpolates piecewise-linearly; below the lowest measured cap both fall
-  linearly to 0 at a cap of 0 (an extrapolation, flagged by ``min_cap``).
-  Example: the Llama-8B fine-tune keeps 0.90 of its throughput at a 250 W cap
-  of 400 W, drawing 0.71 of its full-cap power.
-* ``energy_price_per_device_hour`` / ``effective_price``: rental + energy at
-  an electricity price and PUE: ``power_w/1000 kW x USD/MWh / 1000 x PUE``.
+Placement, electricity-following and demand response all price a device-hour
+the same way: rental plus energy at the grid's price and PUE, with power drawn
+at a cap read from measured DVFS sweeps (``PowerCurve``) rather than assumed
+linear. How the curve is fitted is in ``docs/energy-and-grid.md``.
 """
 
 from __future__ import annotations

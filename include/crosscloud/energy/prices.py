@@ -1,55 +1,12 @@
 """Hourly electricity price and carbon signals per grid region, behind one interface, and a forecast.
 
-Feeds
------
-A feed returns an hourly ``Series`` for a region (prices, USD/MWh) or a zone
-(carbon intensity, gCO2eq/kWh). Two feeds share one interface (``Feed``):
-
-* ``CsvFeed`` reads files in the format of the public green-dcc data:
-  ``<data>/electricity/prices/<REGION>_<YEAR>.csv`` with columns
-  ``Datetime (UTC),Datetime (Local),Price (USD/MWh)`` and
-  ``<data>/electricity/carbon/<ZONE>_<YEAR>.csv`` (``Datetime (UTC)`` first,
-  ``Carbon Intensity gCO₂eq/kWh (LCA)`` used; ``(direct)`` on request).
-  ``<data>`` is ``$CROSSCLOUD_DATA_DIR``, by default ``../shared/data``
-  relative to the repository root (``data_dir()``); data is never copied into
-  the repository.
-* ``HttpFeed`` fetches the same CSV text from ``<base_url>/prices/<REGION>_<YEAR>.csv``
-  (and ``/carbon/...``) with ``urllib`` from the standard library.
-
-Gaps and staleness
-------------------
-A ``Series`` covers consecutive UTC hours from its first to its last row; an
-hour with no row (or an empty/non-numeric value) is a *gap* (``None``).
-``Series.at(hour)`` raises ``PriceGapError`` naming the region and the hour
-when there is no value: a decision never silently uses a price it does not
-have. ``Series.get(hour)`` returns ``None`` instead (an explicit gap the
-caller must handle). ``check(series, now, max_age)`` reports the gaps, the
-latest hour with a value and whether the series is *stale* (its latest hour
-older than ``max_age`` before ``now``).
-
-The data is for 2023. To show "now" against it, ``map_to_data_year(now, year)``
-takes the same day-of-year and hour in the data's year (29 February maps to
-28 February; day 366 to 31 December). This is the documented stand-in used by
-the inventory; a live feed would be read at ``now`` itself.
-
-Forecast
---------
-What is known when (``known_until``): at decision hour ``h`` (UTC) of day D,
-prices are known through 23:00 UTC of day D; from ``publish_hour_utc``
-(default 12:00 UTC, when European day-ahead auctions clear and around when
-CAISO/ERCOT day-ahead results appear) they are known through 23:00 UTC of D+1.
-With ``day_ahead=False`` only hours up to and including ``h`` are known. Days
-are UTC days for every region (a simplification: each market's day-ahead day
-is its local day). Hours after ``known_until`` come from a seasonal-naive
-forecast: the value ``lag`` hours (24 = same hour the previous day, 168 = the
-previous week) before, stepping back whole seasons until a known hour.
-``choose_lag`` picks the lag with the smaller mean absolute error measured on
-the weeks before the decision (``evaluate_forecast``), so the choice uses only
-the past.
-
-Errors are MAE (USD/MWh) and sMAPE (``mean(2|f-a| / (|f|+|a|))`` in percent,
-pairs with ``|f|+|a| = 0`` skipped; MAPE is undefined for prices at or near
-zero and negative, which the data has).
+A feed (``CsvFeed`` over the public green-dcc files, ``HttpFeed`` over the same
+CSV served elsewhere) returns an hourly ``Series``; an hour without a value is
+a gap that ``Series.at`` refuses, so no decision uses a price it does not
+have. Hours past what is known (``known_until``: day-ahead prices publish at
+noon UTC) come from a seasonal-naive forecast whose lag is chosen on past
+weeks only. The file layout, gap rules and error measures are in
+``docs/energy-and-grid.md``.
 """
 
 from __future__ import annotations
