@@ -22,10 +22,6 @@ class DevicePower:
     idle_w: float
     full_w: float
 
-    def at_utilization(self, utilization: float) -> float:
-        u = min(max(utilization, 0.0), 1.0)
-        return self.idle_w + (self.full_w - self.idle_w) * u
-
 
 # Full = board power limit (TDP); idle = typical idle draw of one device.
 DEVICE_POWER: dict[str, DevicePower] = {
@@ -102,10 +98,6 @@ class PowerCurve:
                     return xs[i]
                 return xs[i - 1] + (xs[i] - xs[i - 1]) * (min(fraction, ys[i]) - ys[i - 1]) / (ys[i] - ys[i - 1])
         return 0.0
-
-    def throughput_at_power(self, fraction: float) -> float:
-        """Throughput kept when a device's draw is cut to ``fraction`` of full (via the cap)."""
-        return self.throughput_at(self.cap_for_power(fraction))
 
 
 def fit_power_curve(path: str | os.PathLike | None = None, kind: str = "training") -> PowerCurve:
