@@ -201,6 +201,8 @@ KUBECONFIG = {  # a cluster that is never contacted: building the request stops 
 @pytest.fixture()
 def planned_run(tmp_path, monkeypatch):
     """A plan of the remote federation (its local cloud's store moved to a folder) naming every kubernetes cloud."""
+    from crosscloud.core.job import JobSpec
+    from crosscloud.core.presets import preset
     from crosscloud.pipeline.stages import RunRef
     from crosscloud.run.plan import CloudAssignment, Plan
     from crosscloud.store.chunks import BlobRef
@@ -215,9 +217,10 @@ def planned_run(tmp_path, monkeypatch):
     clouds = [CloudAssignment(name=c.name, role=c.role, method=c.access.method, accelerator=c.pools[0].accelerator,
                               devices=d, throughput=1.0, share=4, shards=[0], image=fed.image_for(c.pools[0].accelerator, "byte-lm"))
               for c, d in ((fed.cloud("wuhan"), 16), (fed.cloud("guiyang"), 8), (fed.cloud("kunshan"), 4))]
-    plan = Plan(tenant="team-a", run_id=RUN_ID, federation=fed.name, federation_path=str(path), job={}, model={},
-                outer={}, coordinator_cloud="beijing", clouds=clouds, candidates=[], dataset="python-stdlib",
-                shards=[blob], held_out=blob, init=blob, created_at=time.time())
+    spec = JobSpec()
+    plan = Plan(tenant="team-a", run_id=RUN_ID, federation=fed.name, federation_path=str(path), job=spec,
+                model=preset(spec.model_size), outer=spec.outer, coordinator_cloud="beijing", clouds=clouds, candidates=[],
+                dataset="python-stdlib", shards=[blob], held_out=blob, init=blob, created_at=time.time())
     plan.save(open_store(fed.local_cloud, "team-a"))
     for conn in ("K8S_WUHAN", "K8S_GUIYANG", "K8S_KUNSHAN"):
         monkeypatch.setenv(f"AIRFLOW_CONN_{conn}", json.dumps({"conn_type": "kubernetes", "extra": {"kube_config": KUBECONFIG}}))

@@ -8,6 +8,8 @@ from datetime import datetime, timezone
 import pytest
 from federations import embedded
 
+from crosscloud.core.job import JobSpec
+from crosscloud.core.presets import preset
 from crosscloud.grid.demand_response import Action, read_directives, write_directive
 from crosscloud.grid.following_prices import CloudRate, choose_away, cost_per_work, follow_prices
 from crosscloud.run.plan import CloudAssignment, Plan
@@ -84,8 +86,9 @@ def run(tmp_path, monkeypatch):
     clouds = [CloudAssignment(name=n, role=fed.cloud(n).role, method="local", accelerator="cpu", devices=2, throughput=2.0,
                               share=8, shards=[0], image="") for n in ("beijing", "shanghai", "singapore")]
     run_id = f"prices-{time.time_ns()}"
-    plan = Plan(tenant="team-a", run_id=run_id, federation=fed.name, federation_path="", job={"follow_prices": True}, model={},
-                outer={}, coordinator_cloud="beijing", clouds=clouds, candidates=[], dataset="python-stdlib",
+    spec = JobSpec(follow_prices=True)
+    plan = Plan(tenant="team-a", run_id=run_id, federation=fed.name, federation_path="", job=spec, model=preset(spec.model_size),
+                outer=spec.outer, coordinator_cloud="beijing", clouds=clouds, candidates=[], dataset="python-stdlib",
                 shards=[blob], held_out=blob, init=blob, created_at=time.time())
     home = open_store(fed.local_cloud, "team-a")
     plan.save(home)
@@ -128,7 +131,7 @@ def test_an_unknown_price_changes_nothing_and_says_why(run):
 
 def test_only_runs_that_asked_for_it_follow_prices(run, ledger):
     fed, plan, home = run
-    other = plan.model_copy(update={"run_id": plan.run_id + "-fixed", "job": {"follow_prices": False}})
+    other = plan.model_copy(update={"run_id": plan.run_id + "-fixed", "job": JobSpec(follow_prices=False)})
     other.save(home)
     capacity = {(c.name, p.accelerator): p.count for c in fed.clouds for p in c.pools}
     quotas = dict(fed.tenant("team-a").quotas)

@@ -22,6 +22,21 @@ class JobSpecError(ValueError):
 
 
 @dataclass(frozen=True)
+class OuterConfig:
+    """The outer step's Nesterov SGD: lr and momentum applied to the averaged pseudo-gradient.
+
+    No defaults of its own: a run's values are its job spec's (``JobSpec.outer``), so the
+    outer step has one set of defaults, ``outer_lr`` and ``outer_momentum`` below.
+    """
+
+    lr: float
+    momentum: float
+
+    def to_dict(self) -> dict:
+        return {"lr": self.lr, "momentum": self.momentum}
+
+
+@dataclass(frozen=True)
 class JobSpec:
     tenant: str = "team-a"
     clouds: list[str] = field(default_factory=list)  # empty: every active cloud the tenant may use
@@ -42,7 +57,7 @@ class JobSpec:
     outer_momentum: float = 0.0
     round_timeout_s: float = 600.0
     # the coordinator evaluates the global on the held-out bytes when this many more steps are trained, and
-    # after the last round: evaluating is forward passes over 16k tokens, a tenth of a 20-step round's compute
+    # after the last round: evaluating is forward passes only, cheap next to the rounds between
     eval_every_steps: int = 40
     overlap: bool = True
     # overlap: the share of its own drift a cloud keeps when a late global is folded in, see worker.DelayedGlobal
@@ -95,6 +110,11 @@ class JobSpec:
     def to_dict(self) -> dict:
         return asdict(self)
 
+    @property
+    def outer(self) -> OuterConfig:
+        """The outer step this job asks for (the last round's is fixed by ``training.outer.round_config``)."""
+        return OuterConfig(lr=self.outer_lr, momentum=self.outer_momentum)
+
     def evaluates_after(self, round_: int) -> bool:
         """Whether the global after ``round_`` is evaluated: every ``eval_every_steps`` steps, and the last."""
         steps, every = self.inner_steps, self.eval_every_steps
@@ -109,12 +129,9 @@ def local_lr(spec: JobSpec, share: int) -> float:
     agrees on than the global batch would, and averaging the clouds' progress cannot give
     that back. Its lr can be scaled by (global_batch / share) ** k: k = 0 (none, the default),
     1/2 (sqrt: what that denominator costs when noise dominates) or 1 (linear). Scaling
-    helps a job whose inner_lr is below the best one and hurts one above it: on the
-    bench-gap job (2 clouds, lr 3e-3) sqrt took the final eval loss over the single
-    cluster's from 1.057 to 1.029 on the small model (best lr about 5e-3; make bench-gap,
-    seeds 0-2) and from 1.007 to 1.061 on the base model (best about 2e-3; in-process
-    replay with 10-step rounds, seed 0), so the default leaves the user's lr alone. A
-    single cluster trains the whole batch and keeps inner_lr whatever the rule.
+    helps a job whose inner_lr is below the best one and hurts one above it, so the
+    default leaves the user's lr alone. A single cluster trains the whole batch and keeps
+    inner_lr whatever the rule.
     """
     k = {"linear": 1.0, "sqrt": 0.5, "none": 0.0}[spec.local_lr_scaling]
     return spec.inner_lr * (spec.global_batch / max(1, share)) ** k

@@ -38,13 +38,12 @@ def retrain(spec: JobSpec, run_id: str, experiment: str, federation_path: str | 
 
 def held_out_loss(ref: RunRef, weights: bytes) -> float:
     """Eval loss of ``weights`` on the held-out set of run ``ref``."""
-    from crosscloud.core.presets import ModelConfig
     from crosscloud.store.open_store import open_store
     from crosscloud.store.tensors import from_bytes
     from crosscloud.training.model import build_model, evaluate
 
     fed, plan = ref.load()
-    model = build_model(ModelConfig(**plan.model), plan.spec.seed)
+    model = build_model(plan.model, plan.spec.seed)
     model.load_state_dict(from_bytes(weights))
     return evaluate(model, held_out_data(open_store(fed.local_cloud, plan.tenant), plan))
 

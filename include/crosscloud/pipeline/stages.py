@@ -127,9 +127,9 @@ def admit_stage(
             run_id=run_id,
             federation=fed.name,
             federation_path=federation_path,
-            job=spec.to_dict(),
-            model=cfg.to_dict(),
-            outer={"lr": spec.outer_lr, "momentum": spec.outer_momentum},
+            job=spec,
+            model=cfg,
+            outer=spec.outer,
             coordinator_cloud=fed.local_cloud.name,
             clouds=partition(fed, spec, cfg.family, admission.parts, ds.shards),
             candidates=[Candidate(cloud=c.cloud, accelerator=c.accelerator, chosen=c.chosen, reason=c.reason)
@@ -331,7 +331,7 @@ def aggregate_stage(ref: RunRef, handles: list[Handle], experiment: str | None =
         raise RuntimeError(f"run {plan.run_id}: {len(history)} of {spec.rounds} rounds committed; rerun sync_checkpoints")
     params, _, _ = load_global(home, plan, spec.rounds)
     write_step(home, plan.keys.final, {"model.safetensors": to_bytes(params)}, meta={"rounds": spec.rounds})
-    model = build_model(ModelConfig(**plan.model), spec.seed)
+    model = build_model(plan.model, spec.seed)
     held_out = held_out_data(home, plan)
     model.load_state_dict(load_global(home, plan, 0)[0])
     eval_start = evaluate(model, held_out)

@@ -20,7 +20,7 @@ CALIBRATION_ROUNDS = 3
 def baseline_key(plan) -> str:
     spec = plan.spec
     config = {
-        "model": plan.model,
+        "model": plan.model.to_dict(),
         "global_batch": spec.global_batch,
         "inner_steps": spec.inner_steps,
         "dataset": spec.dataset,

@@ -10,8 +10,9 @@ import json
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from crosscloud.core.job import JobSpec
+from crosscloud.core.job import JobSpec, OuterConfig
 from crosscloud.core.keys import RunKeys
+from crosscloud.core.presets import ModelConfig
 from crosscloud.store.base import ObjectStore
 from crosscloud.store.chunks import BlobRef
 
@@ -44,14 +45,20 @@ class Candidate(_Model):
 
 
 class Plan(_Model):
+    """Where a run trains and on what; the job, model and outer step are kept as their own types.
+
+    Pydantic stores the dataclasses under "job", "model" and "outer" as plain objects of their
+    fields, the shape plans have always had, and builds them (checks included) when a plan loads.
+    """
+
     version: int = 1
     tenant: str
     run_id: str
     federation: str
     federation_path: str
-    job: dict
-    model: dict
-    outer: dict
+    job: JobSpec
+    model: ModelConfig
+    outer: OuterConfig
     coordinator_cloud: str
     clouds: list[CloudAssignment]
     candidates: list[Candidate]
@@ -68,7 +75,8 @@ class Plan(_Model):
 
     @property
     def spec(self) -> JobSpec:
-        return JobSpec(**self.job)
+        """The job spec (the stored ``job``, not a copy)."""
+        return self.job
 
     @property
     def overlap(self) -> bool:

@@ -66,10 +66,10 @@ class Tracker:
             "local_lr_scaling": spec.local_lr_scaling,
             "overlap": spec.overlap,
             "fold_mix": spec.fold_mix,
-            "outer_lr": plan.outer["lr"],
-            "outer_momentum": plan.outer["momentum"],
+            "outer_lr": plan.outer.lr,
+            "outer_momentum": plan.outer.momentum,
             "devices_total": sum(c.devices for c in plan.clouds),
-            **{f"model.{k}": v for k, v in plan.model.items()},
+            **{f"model.{k}": v for k, v in plan.model.to_dict().items()},
             **{f"share.{c.name}": c.share for c in plan.clouds},
         }
         self._log_params(pid, params)

@@ -57,7 +57,7 @@ def slice_of(round_: int, rec: dict) -> RoundSlice:
 def tokens_per_round(plan: Plan) -> int:
     """Tokens the whole job trains on in one round: global batch x inner steps x sequence length."""
     spec = plan.spec
-    return spec.global_batch * spec.inner_steps * plan.model["seq_len"]
+    return spec.global_batch * spec.inner_steps * plan.model.seq_len
 
 
 def find_tenant(fed: Federation, run_id: str) -> str | None:

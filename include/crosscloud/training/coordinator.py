@@ -24,7 +24,6 @@ from collections.abc import Callable
 import torch
 
 from crosscloud.backends import Backend, Handle, get_backend
-from crosscloud.core.presets import ModelConfig
 from crosscloud.grid.demand_response import read_directives
 from crosscloud.pool.ledger import Ledger
 from crosscloud.pool.partition import apportion, rebalance_shares
@@ -54,7 +53,7 @@ class SubTaskLost(RuntimeError):
 def outer_config(plan: Plan, round_: int) -> OuterConfig:
     """The outer step of a round: a single cluster's rounds adopt the average, as does a run's last round."""
     spec = plan.spec
-    return SYNCHRONOUS if spec.mode == "single_cluster" else round_config(OuterConfig(**plan.outer), round_, spec.rounds)
+    return SYNCHRONOUS if spec.mode == "single_cluster" else round_config(plan.outer, round_, spec.rounds)
 
 
 def latest_global_round(store: ObjectStore, plan: Plan) -> int:
@@ -262,7 +261,7 @@ class Coordinator:
         feedback = ErrorFeedback() if plan.compression == "int8" else None
         if feedback:  # a restarted coordinator sends on what int8 had dropped before
             feedback.residual = load_residual(home, plan, start) or {}
-        model = build_model(ModelConfig(**plan.model), spec.seed)
+        model = build_model(plan.model, spec.seed)
         held_out = torch.frombuffer(bytearray(read_blob(home, plan.tenant, plan.held_out)), dtype=torch.uint8)
         history = recover_history(home, plan, start, model, held_out)
         lost = {c: why for record in history for c, why in record.get("lost", {}).items()}

@@ -22,7 +22,6 @@ import torch.distributed as dist
 
 from crosscloud.core.federation import load_federation
 from crosscloud.core.job import local_lr
-from crosscloud.core.presets import ModelConfig
 from crosscloud.pool.partition import apportion
 from crosscloud.run.plan import Plan
 from crosscloud.store.base import ObjectStore, StoreError
@@ -138,8 +137,8 @@ def train(plan: Plan, cloud: str, store: ObjectStore) -> None:
     data = torch.frombuffer(
         bytearray(b"\n".join(read_blob(store, plan.tenant, plan.shards[i]) for i in me.shards)), dtype=torch.uint8
     )
-    cfg = ModelConfig(**plan.model)
-    model = build_model(cfg, plan.spec.seed)
+    cfg = plan.model
+    model = build_model(cfg, spec.seed)
     ddp = torch.nn.parallel.DistributedDataParallel(model) if world > 1 else model
     share = me.share
     opt = torch.optim.AdamW(model.parameters(), lr=local_lr(spec, share), weight_decay=0.0)

@@ -1,0 +1,64 @@
+"""The run plan keeps the job, model and outer step typed, and plan.json keeps the shape it always had."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from pydantic import ValidationError
+
+from crosscloud.core.job import JobSpec, OuterConfig
+from crosscloud.core.presets import ModelConfig, preset
+from crosscloud.run.plan import Plan
+from crosscloud.store.base import LocalStore
+from crosscloud.store.chunks import BlobRef
+
+BLOB = {"sha256": "0" * 64, "size": 1}
+
+
+def _written_before(spec: JobSpec) -> dict:
+    """plan.json as admit_stage wrote it when the plan held plain dicts."""
+    return {
+        "version": 1, "tenant": spec.tenant, "run_id": "r1", "federation": "f", "federation_path": "/f.yaml",
+        "job": spec.to_dict(), "model": preset(spec.model_size).to_dict(),
+        "outer": {"lr": spec.outer_lr, "momentum": spec.outer_momentum},
+        "coordinator_cloud": "beijing", "clouds": [], "candidates": [], "dataset": spec.dataset,
+        "shards": [BLOB], "held_out": BLOB, "init": BLOB, "tracking": {}, "created_at": 0.0,
+    }
+
+
+def test_a_plan_written_before_loads_typed_and_saves_the_same_json(tmp_path):
+    spec = JobSpec(rounds=3, outer_lr=0.7, outer_momentum=0.9, clouds=["beijing"])
+    store = LocalStore(tmp_path)
+    before = _written_before(spec)
+    store.put("team-a/runs/r1/plan.json", json.dumps(before).encode())
+    plan = Plan.load(store, "team-a", "r1")
+    assert plan.job == spec and isinstance(plan.model, ModelConfig) and plan.outer == OuterConfig(lr=0.7, momentum=0.9)
+    assert plan.spec is plan.job  # the stored object, not one rebuilt per call
+    plan.save(store)
+    assert json.loads(store.get("team-a/runs/r1/plan.json")) == before
+
+
+def test_a_plan_built_from_objects_writes_the_shape_of_dicts():
+    spec = JobSpec(outer_lr=0.5)
+    blob = BlobRef(**BLOB)
+    plan = Plan(tenant=spec.tenant, run_id="r1", federation="f", federation_path="/f.yaml", job=spec,
+                model=preset(spec.model_size), outer=spec.outer, coordinator_cloud="beijing", clouds=[], candidates=[],
+                dataset=spec.dataset, shards=[blob], held_out=blob, init=blob)
+    assert json.loads(plan.model_dump_json()) == _written_before(spec)
+
+
+def test_a_stored_job_is_checked_when_the_plan_loads(tmp_path):
+    store = LocalStore(tmp_path)
+    bad = _written_before(JobSpec())
+    bad["job"]["rounds"] = 0
+    store.put("team-a/runs/r1/plan.json", json.dumps(bad).encode())
+    with pytest.raises(ValidationError, match="job parameter rounds"):
+        Plan.load(store, "team-a", "r1")
+
+
+def test_the_outer_step_has_one_set_of_defaults():
+    assert JobSpec().outer == OuterConfig(lr=JobSpec().outer_lr, momentum=JobSpec().outer_momentum)
+    assert JobSpec(outer_lr=1.4, outer_momentum=0.9).outer == OuterConfig(lr=1.4, momentum=0.9)
+    with pytest.raises(TypeError):
+        OuterConfig()  # no defaults of its own: a run's values are its job spec's
