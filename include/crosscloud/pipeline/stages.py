@@ -12,6 +12,7 @@ import json
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
 
@@ -22,7 +23,7 @@ from crosscloud.core.federation import federation_path as resolve_federation_pat
 from crosscloud.core.job import JobSpec
 from crosscloud.core.keys import manifest_key, validate_name
 from crosscloud.core.presets import ModelConfig, preset
-from crosscloud.pool.admission import NotAdmitted, admit, preflight
+from crosscloud.pool.admission import Admission, NotAdmitted, admit, preflight
 from crosscloud.pool.ledger import Ledger
 from crosscloud.pool.partition import partition
 from crosscloud.pool.placement import PlacementError
@@ -59,7 +60,15 @@ class RunRef:
         return fed, Plan.load(open_store(fed.local_cloud, self.tenant), self.tenant, self.run_id)
 
 
-def _materialize_inputs(fed: Federation, spec: JobSpec, cfg: ModelConfig, init: bytes | None = None):
+class RunInputs(NamedTuple):
+    """What a run reads: the dataset's shards, its held-out part and the initial model."""
+
+    shards: list[BlobRef]
+    held_out: BlobRef
+    init: BlobRef
+
+
+def _materialize_inputs(fed: Federation, spec: JobSpec, cfg: ModelConfig, init: bytes | None = None) -> RunInputs:
     """Put the dataset shards on the dataset's home cloud and the initial model on the local cloud.
 
     ``init`` (safetensors) starts from given weights, e.g. a registered model
@@ -77,7 +86,7 @@ def _materialize_inputs(fed: Federation, spec: JobSpec, cfg: ModelConfig, init: 
     if init is not None:
         model.load_state_dict(from_bytes(init))  # raises, naming the tensors, when they do not fit the preset
     init_ref, _ = put_blob(home, spec.tenant, to_bytes(model.state_dict()), kind="model")
-    return shard_refs, held_ref, init_ref
+    return RunInputs(shard_refs, held_ref, init_ref)
 
 
 def _holders(fed: Federation, tenant: str, refs: list[BlobRef]) -> set[str]:
@@ -92,6 +101,49 @@ def _holders(fed: Federation, tenant: str, refs: list[BlobRef]) -> set[str]:
         except StoreError:  # a store placement cannot read now holds nothing it can count on
             continue
     return holders
+
+
+def _check_runnable(fed: Federation, spec: JobSpec, cfg: ModelConfig) -> None:
+    """Fail what can never run before any input is written: held-out residency, placement, credentials."""
+    ds = fed.dataset(spec.dataset)
+    if ds.residency and fed.local_cloud.jurisdiction != ds.residency:
+        raise PlacementError(f"dataset {ds.name} is resident in {ds.residency}; its held-out part cannot be evaluated on {fed.local_cloud.name}")
+    preflight(fed, spec, cfg.family)
+    usable = spec.clouds or [c for c, n in fed.tenant(spec.tenant).quotas.items() if n > 0]
+    require_credentials([fed.cloud(n) for n in sorted({ds.home, fed.local_cloud.name, *usable})], spec.tenant)
+
+
+def _new_plan(fed: Federation, federation_path: str, spec: JobSpec, run_id: str, admission: Admission,
+              inputs: RunInputs) -> Plan:
+    """The plan of an admitted run: each cloud's share and shards, the candidates placement weighed, the inputs."""
+    cfg = preset(spec.model_size)
+    return Plan(
+        tenant=spec.tenant,
+        run_id=run_id,
+        federation=fed.name,
+        federation_path=federation_path,
+        job=spec,
+        model=cfg,
+        outer=spec.outer,
+        coordinator_cloud=fed.local_cloud.name,
+        clouds=partition(fed, spec, cfg.family, admission.parts, fed.dataset(spec.dataset).shards),
+        candidates=[Candidate(cloud=c.cloud, accelerator=c.accelerator, chosen=c.chosen, reason=c.reason)
+                    for c in admission.considered],
+        dataset=spec.dataset,
+        shards=inputs.shards,
+        held_out=inputs.held_out,
+        init=inputs.init,
+        created_at=time.time(),
+    )
+
+
+def _write_plan(fed: Federation, plan: Plan, experiment: str | None, tags: dict[str, str] | None) -> None:
+    """Open the run's MLflow runs (when it is tracked) and store the plan on the local cloud."""
+    if experiment:
+        from crosscloud.tracking.mlflow_runs import Tracker
+
+        plan.tracking = Tracker().start_job(plan, experiment, tags or {})
+    plan.save(open_store(fed.local_cloud, plan.tenant))
 
 
 def admit_stage(
@@ -111,40 +163,13 @@ def admit_stage(
     federation_path = str(resolve_federation_path(federation_path))
     fed = load_federation(federation_path)
     cfg = preset(spec.model_size)
-    ds = fed.dataset(spec.dataset)
-    if ds.residency and fed.local_cloud.jurisdiction != ds.residency:
-        raise PlacementError(f"dataset {ds.name} is resident in {ds.residency}; its held-out part cannot be evaluated on {fed.local_cloud.name}")
-    # what can never run fails here, before any input is written
-    preflight(fed, spec, cfg.family)
-    usable = spec.clouds or [c for c, n in fed.tenant(spec.tenant).quotas.items() if n > 0]
-    require_credentials([fed.cloud(n) for n in sorted({ds.home, fed.local_cloud.name, *usable})], spec.tenant)
-    shard_refs, held_ref, init_ref = _materialize_inputs(fed, spec, cfg, init)
+    _check_runnable(fed, spec, cfg)
+    inputs = _materialize_inputs(fed, spec, cfg, init)
     ledger = Ledger()
-    admission = admit(fed, spec, run_id, cfg.family, sum(r.size for r in shard_refs), _holders(fed, spec.tenant, shard_refs), ledger)
+    data_bytes, data_at = sum(r.size for r in inputs.shards), _holders(fed, spec.tenant, inputs.shards)
+    admission = admit(fed, spec, run_id, cfg.family, data_bytes, data_at, ledger)
     try:
-        plan = Plan(
-            tenant=spec.tenant,
-            run_id=run_id,
-            federation=fed.name,
-            federation_path=federation_path,
-            job=spec,
-            model=cfg,
-            outer=spec.outer,
-            coordinator_cloud=fed.local_cloud.name,
-            clouds=partition(fed, spec, cfg.family, admission.parts, ds.shards),
-            candidates=[Candidate(cloud=c.cloud, accelerator=c.accelerator, chosen=c.chosen, reason=c.reason)
-                        for c in admission.considered],
-            dataset=spec.dataset,
-            shards=shard_refs,
-            held_out=held_ref,
-            init=init_ref,
-            created_at=time.time(),
-        )
-        if experiment:
-            from crosscloud.tracking.mlflow_runs import Tracker
-
-            plan.tracking = Tracker().start_job(plan, experiment, tags or {})
-        plan.save(open_store(fed.local_cloud, spec.tenant))
+        _write_plan(fed, _new_plan(fed, federation_path, spec, run_id, admission, inputs), experiment, tags)
     except BaseException:
         ledger.release(spec.tenant, run_id)  # a run that never got its plan holds no devices
         raise
@@ -234,15 +259,20 @@ def stop_run(ref: RunRef, handles: list[Handle]) -> None:
         get_backend(handle["backend"]).stop(handle)
 
 
+def _tracker(plan: Plan):
+    """MLflow's tracker of a tracked run; None when the run is not tracked."""
+    if not plan.tracking:
+        return None
+    from crosscloud.tracking.mlflow_runs import Tracker
+
+    return Tracker()
+
+
 def sync_stage(ref: RunRef, handles: list[Handle], log: Log = print) -> list[dict]:
     """Run the coordinator; on failure stop the sub-tasks so nothing trains on unattended."""
     fed, plan = ref.load()
     stores = {c.name: store_seen_from(fed, c.name, plan.coordinator_cloud, plan.tenant) for c in plan.clouds}
-    tracker = None
-    if plan.tracking:
-        from crosscloud.tracking.mlflow_runs import Tracker
-
-        tracker = Tracker()
+    tracker = _tracker(plan)
     sent = [wan_bytes()]
 
     def on_round(record: dict) -> None:
@@ -319,29 +349,38 @@ def held_out_data(home, plan: Plan) -> torch.Tensor:
     return torch.frombuffer(bytearray(read_blob(home, plan.tenant, plan.held_out)), dtype=torch.uint8)
 
 
-def aggregate_stage(ref: RunRef, handles: list[Handle], experiment: str | None = None, log: Log = print,
-                    compare_baseline: bool = True) -> dict:
-    """Final model and evaluation, whole-run metrics, the baseline gap; closes the MLflow runs."""
-    fed, plan = ref.load()
-    spec, home = plan.spec, open_store(fed.local_cloud, plan.tenant)
+def _final_model(ref: RunRef, plan: Plan, home, handles: list[Handle]) -> tuple[list[dict], dict]:
+    """Once the sub-tasks have exited: the run's history and final params, the latter stored as the final model.
+
+    The devices go back first: training is over, and a calibration run may need them.
+    """
+    spec = plan.spec
     _wait_for_exit(handles)
-    release_stage(ref)  # training is over: the devices go back before any calibration run needs them
+    release_stage(ref)
     history = load_history(home, plan)
     if len(history) != spec.rounds:
         raise RuntimeError(f"run {plan.run_id}: {len(history)} of {spec.rounds} rounds committed; rerun sync_checkpoints")
     params, _, _ = load_global(home, plan, spec.rounds)
     write_step(home, plan.keys.final, {"model.safetensors": to_bytes(params)}, meta={"rounds": spec.rounds})
-    model = build_model(plan.model, spec.seed)
+    return history, params
+
+
+def _eval_losses(plan: Plan, home, params: dict) -> tuple[float, float]:
+    """Held-out loss of the initial model and of ``params``, the final one."""
+    model = build_model(plan.model, plan.spec.seed)
     held_out = held_out_data(home, plan)
     model.load_state_dict(load_global(home, plan, 0)[0])
     eval_start = evaluate(model, held_out)
     model.load_state_dict(params)
-    eval_end = evaluate(model, held_out)
+    return eval_start, evaluate(model, held_out)
+
+
+def _run_summary(plan: Plan, history: list[dict], clouds: dict, train_s: float, evals: tuple[float, float],
+                 base: dict | None) -> dict:
+    """The run's summary: per-cloud figures, whole-run metrics, the gap to the baseline, and each round's numbers."""
+    spec, (eval_start, eval_end) = plan.spec, evals
     it_s = baseline.iteration_time(history, spec.inner_steps)
-    train_s = sum(r["wall_s"] for r in history)
-    clouds = _cloud_summary(fed, plan, history, train_s)
-    base = _baseline(plan, experiment, log) if spec.mode == "cross_cloud" and compare_baseline else None
-    summary = {
+    return {
         "run_id": plan.run_id,
         "tenant": plan.tenant,
         "mode": spec.mode,
@@ -365,24 +404,44 @@ def aggregate_stage(ref: RunRef, handles: list[Handle], experiment: str | None =
             for r in history
         ],
     }
-    tracker = None
-    if plan.tracking:
-        from crosscloud.tracking import registry
-        from crosscloud.tracking.mlflow_runs import Tracker
 
-        tracker = Tracker()
-        if spec.mode == "cross_cloud":  # a single-cluster baseline is a measurement, not a model to serve
-            summary["model"] = registry.register(tracker.client, plan, summary, to_bytes(params))
+
+def _register_model(tracker, plan: Plan, summary: dict, params: dict) -> dict:
+    """Log and register the final model in MLflow's registry; returns its name, version and source."""
+    from crosscloud.tracking import registry
+
+    return registry.register(tracker.client, plan, summary, to_bytes(params))
+
+
+def _close_tracking(tracker, fed: Federation, plan: Plan, summary: dict, history: list[dict], handles: list[Handle]) -> None:
+    """Log the run's plots and the sub-tasks' logs to MLflow and close its runs."""
+    from crosscloud.tracking import plots
+    from crosscloud.tracking.run_report import load_run
+
+    started = history[0]["published_at"] - history[0]["wall_s"]
+    plots.log_plots(tracker.client, fed, load_run(fed, plan.tenant, plan.run_id), baseline.baseline_key(plan),
+                    started, history[-1]["published_at"])
+    logs = {h["cloud"]: get_backend(h["backend"]).logs(h)[0] for h in handles}
+    tracker.finish(plan, summary, logs)
+
+
+def aggregate_stage(ref: RunRef, handles: list[Handle], experiment: str | None = None, log: Log = print,
+                    compare_baseline: bool = True) -> dict:
+    """Final model and evaluation, whole-run metrics, the baseline gap; closes the MLflow runs."""
+    fed, plan = ref.load()
+    home = open_store(fed.local_cloud, plan.tenant)
+    history, params = _final_model(ref, plan, home, handles)
+    evals = _eval_losses(plan, home, params)
+    train_s = sum(r["wall_s"] for r in history)
+    clouds = _cloud_summary(fed, plan, history, train_s)
+    base = _baseline(plan, experiment, log) if plan.spec.mode == "cross_cloud" and compare_baseline else None
+    summary = _run_summary(plan, history, clouds, train_s, evals, base)
+    tracker = _tracker(plan)
+    if tracker and plan.spec.mode == "cross_cloud":  # a single-cluster baseline is a measurement, not a model to serve
+        summary["model"] = _register_model(tracker, plan, summary, params)
     home.put(plan.keys.summary, json.dumps(summary, indent=2).encode())
     if tracker:
-        from crosscloud.tracking import plots
-        from crosscloud.tracking.run_report import load_run
-
-        started = history[0]["published_at"] - history[0]["wall_s"]
-        plots.log_plots(tracker.client, fed, load_run(fed, plan.tenant, plan.run_id), baseline.baseline_key(plan),
-                        started, history[-1]["published_at"])
-        logs = {h["cloud"]: get_backend(h["backend"]).logs(h)[0] for h in handles}
-        tracker.finish(plan, summary, logs)
+        _close_tracking(tracker, fed, plan, summary, history, handles)
     return summary
 
 

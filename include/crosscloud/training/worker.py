@@ -16,6 +16,7 @@ import os
 import sys
 import time
 import zlib
+from dataclasses import dataclass, field
 
 import torch
 import torch.distributed as dist
@@ -130,104 +131,159 @@ def _distributed() -> tuple[int, int]:
     return 0, 1
 
 
-def train(plan: Plan, cloud: str, store: ObjectStore) -> None:
-    spec, me, keys = plan.spec, plan.cloud(cloud), plan.keys
-    rank, world = _distributed()
-    torch.set_num_threads(1)
-    data = torch.frombuffer(
-        bytearray(b"\n".join(read_blob(store, plan.tenant, plan.shards[i]) for i in me.shards)), dtype=torch.uint8
-    )
-    cfg = plan.model
-    model = build_model(cfg, spec.seed)
-    ddp = torch.nn.parallel.DistributedDataParallel(model) if world > 1 else model
-    share = me.share
-    opt = torch.optim.AdamW(model.parameters(), lr=local_lr(spec, share), weight_decay=0.0)
-    gen = torch.Generator().manual_seed(zlib.crc32(f"{spec.seed}/{cloud}/{rank}".encode()))
+@dataclass
+class RoundWork:
+    """What one round's inner steps did, as the round's commit reports it."""
 
-    feedback = ErrorFeedback() if plan.compression == "int8" else None
-    t0 = time.perf_counter()
-    commit = wait_for_commit(store, keys.global_step(0), keys.stop, spec.round_timeout_s)
-    params = from_bytes(read_object(store, commit, PARAMS))
-    model.load_state_dict(params)
-    known = DelayedGlobal(params, commit["meta"], mix=spec.fold_mix if plan.overlap else 0.0)
-    base = _snapshot(model)
+    started_at: float  # wall clock, for the timeline
+    losses: list[float] = field(default_factory=list)
+    step_s: list[float] = field(default_factory=list)
+    fold_s: float = 0.0  # spent looking for and folding in a global while training (overlap)
+    folded_at: int | None = None  # the step a global was folded in before, if one was
+    compute_s: float = 0.0  # the round's training time, folding left out
 
-    def fold_in(commit: dict) -> None:
-        nonlocal base
-        fix = known.correction(global_params(store, commit, known.params), commit["meta"])
-        model.load_state_dict({n: t + fix[n] for n, t in _snapshot(model).items()})
-        base = {n: t + fix[n] for n, t in base.items()}  # the running round's progress stays its own
 
-    def arrived() -> dict | None:
+def round_line(r: int, work: RoundWork, cap: dict, ready: dict, inner_steps: int) -> str:
+    """The worker's log line for round ``r``."""
+    if not work.losses:
+        return f"round {r}: idle, its work shifted to the other clouds"
+    capped = "" if cap["cap"] == 1.0 else f" under a {cap['cap']:.0%} power cap"
+    folded = "" if work.folded_at is None else f", global {r} folded in after {work.folded_at} steps"
+    return (f"round {r}: loss {work.losses[0]:.3f} -> {work.losses[-1]:.3f}, {1000 * work.compute_s / inner_steps:.1f} "
+            f"ms/step{capped}, waited {ready['wait_s']:.2f} s{folded}")
+
+
+class CloudTrainer:
+    """One cloud's sub-task: its model, optimizer and data, and the globals folded into its model.
+
+    ``base`` is the model at the start of the running round, so the round's progress is
+    ``model - base``; ``ready`` is how long the round waited for and downloaded its start.
+    """
+
+    known: DelayedGlobal  # set by start, from global 0
+    base: dict[str, torch.Tensor]
+    ready: dict[str, float]
+
+    def __init__(self, plan: Plan, cloud: str, store: ObjectStore):
+        self.plan, self.cloud, self.store = plan, cloud, store
+        self.spec, self.keys, me = plan.spec, plan.keys, plan.cloud(cloud)
+        self.rank, self.world = _distributed()
+        torch.set_num_threads(1)
+        shards = b"\n".join(read_blob(store, plan.tenant, plan.shards[i]) for i in me.shards)
+        self.data = torch.frombuffer(bytearray(shards), dtype=torch.uint8)
+        self.model = build_model(plan.model, self.spec.seed)
+        self.ddp = torch.nn.parallel.DistributedDataParallel(self.model) if self.world > 1 else self.model
+        self.share = me.share
+        self.opt = torch.optim.AdamW(self.model.parameters(), lr=local_lr(self.spec, self.share), weight_decay=0.0)
+        self.gen = torch.Generator().manual_seed(zlib.crc32(f"{self.spec.seed}/{cloud}/{self.rank}".encode()))
+        self.feedback = ErrorFeedback() if plan.compression == "int8" else None
+        self.cap = {"cap": 1.0, "throughput": 1.0}
+
+    def start(self) -> None:
+        """Wait for global 0 and load it: every cloud starts from the same model."""
+        t0 = time.perf_counter()
+        commit = wait_for_commit(self.store, self.keys.global_step(0), self.keys.stop, self.spec.round_timeout_s)
+        params = from_bytes(read_object(self.store, commit, PARAMS))
+        self.model.load_state_dict(params)
+        self.known = DelayedGlobal(params, commit["meta"], mix=self.spec.fold_mix if self.plan.overlap else 0.0)
+        self.base = _snapshot(self.model)
+        self.ready = {"wait_s": time.perf_counter() - t0, "download_s": 0.0}
+
+    def fold_in(self, commit: dict) -> None:
+        """Add the correction of a newly committed global to the model and to the round's base."""
+        fix = self.known.correction(global_params(self.store, commit, self.known.params), commit["meta"])
+        self.model.load_state_dict({n: t + fix[n] for n, t in _snapshot(self.model).items()})
+        self.base = {n: t + fix[n] for n, t in self.base.items()}  # the running round's progress stays its own
+
+    def arrived(self) -> dict | None:
         """The next global if it is committed already (rank 0 looks; every rank learns the answer)."""
+        step = self.keys.global_step(self.known.round + 1)
         try:
-            commit = read_commit(store, keys.global_step(known.round + 1)) if rank == 0 else None
+            commit = read_commit(self.store, step) if self.rank == 0 else None
         except StoreError:  # not arrived, as far as this step can tell: asked again at the next step
             commit = None
-        if world > 1:
+        if self.world > 1:
             flag = torch.tensor([commit is not None], dtype=torch.int32)
             dist.broadcast(flag, 0)
             if flag.item() and commit is None:
-                commit = read_commit(store, keys.global_step(known.round + 1))
+                commit = read_commit(self.store, step)
         return commit
 
-    ready = {"wait_s": time.perf_counter() - t0, "download_s": 0.0}
-    cap = {"cap": 1.0, "throughput": 1.0}
-    for r in range(spec.rounds):
-        t1, started_at = time.perf_counter(), time.time()
-        losses, step_s, fold_s, folded_at = [], [], 0.0, None
-        batch = apportion(share, [1.0] * world)[rank] if share >= world else 1
-        for group in opt.param_groups:  # shares may have moved: the lr follows this cloud's part of the batch
-            group["lr"] = local_lr(spec, share)
-        for _ in range(spec.inner_steps if share > 0 else 0):  # share 0: the work moved away, devices idle
-            if known.pending():  # overlap: fold the global in the moment it is committed, without waiting
+    def step(self, batch: int) -> tuple[float, float]:
+        """One AdamW step on ``batch`` sequences, slowed to the power cap's throughput; returns loss and seconds."""
+        ts = time.perf_counter()
+        loss = lm_loss(self.ddp, sample_batches(self.data, batch, self.plan.model.seq_len, self.gen))
+        self.opt.zero_grad(set_to_none=True)
+        loss.backward()
+        self.opt.step()
+        value = loss.item()
+        throttle(time.perf_counter() - ts, self.cap["throughput"])
+        return value, time.perf_counter() - ts
+
+    def inner_steps(self) -> RoundWork:
+        """Train the round's inner steps on this cloud's share, folding a global in the moment it lands."""
+        t1, work = time.perf_counter(), RoundWork(started_at=time.time())
+        batch = apportion(self.share, [1.0] * self.world)[self.rank] if self.share >= self.world else 1
+        for group in self.opt.param_groups:  # shares may have moved: the lr follows this cloud's part of the batch
+            group["lr"] = local_lr(self.spec, self.share)
+        for _ in range(self.spec.inner_steps if self.share > 0 else 0):  # share 0: the work moved away, devices idle
+            if self.known.pending():  # overlap: fold the global in the moment it is committed, without waiting
                 tf = time.perf_counter()
-                if (commit := arrived()) is not None:
-                    fold_in(commit)
-                    folded_at = len(losses)
-                fold_s += time.perf_counter() - tf
-            ts = time.perf_counter()
-            loss = lm_loss(ddp, sample_batches(data, batch, cfg.seq_len, gen))
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            opt.step()
-            losses.append(loss.item())
-            throttle(time.perf_counter() - ts, cap["throughput"])
-            step_s.append(time.perf_counter() - ts)
-        t2 = time.perf_counter()
-        progress = {n: t - base[n] for n, t in _snapshot(model).items()}
-        known.record(r, progress)
-        ready["download_s"] += fold_s
-        if rank == 0:
-            _commit_delta(store, keys.cloud_step(cloud, r), progress, feedback, {
-                "round": r, "cloud": cloud, "samples": share * spec.inner_steps, "losses": losses,
-                "step_s": step_s, "compute_s": t2 - t1 - fold_s, "folded_at_step": folded_at, "cap": cap["cap"],
-                "started_at": started_at, **ready,
-            })
-            if losses:
-                capped = "" if cap["cap"] == 1.0 else f" under a {cap['cap']:.0%} power cap"
-                folded = "" if folded_at is None else f", global {r} folded in after {folded_at} steps"
-                print(f"round {r}: loss {losses[0]:.3f} -> {losses[-1]:.3f}, {1000 * (t2 - t1 - fold_s) / spec.inner_steps:.1f} "
-                      f"ms/step{capped}, waited {ready['wait_s']:.2f} s{folded}", flush=True)
-            else:
-                print(f"round {r}: idle, its work shifted to the other clouds", flush=True)
-        if r == spec.rounds - 1:
-            break
-        # overlap: round r + 1 needs no more than global r (this round's exchange runs while it
-        # computes and is folded in when it lands); blocking: it starts from global r + 1.
+                if (commit := self.arrived()) is not None:
+                    self.fold_in(commit)
+                    work.folded_at = len(work.losses)
+                work.fold_s += time.perf_counter() - tf
+            loss, seconds = self.step(batch)
+            work.losses.append(loss)
+            work.step_s.append(seconds)
+        work.compute_s = time.perf_counter() - t1 - work.fold_s
+        return work
+
+    def train_round(self, r: int) -> None:
+        """Train round ``r`` and commit its pseudo-gradient (rank 0) with the round's timings."""
+        work = self.inner_steps()
+        progress = {n: t - self.base[n] for n, t in _snapshot(self.model).items()}
+        self.known.record(r, progress)
+        self.ready["download_s"] += work.fold_s
+        if self.rank != 0:
+            return
+        _commit_delta(self.store, self.keys.cloud_step(self.cloud, r), progress, self.feedback, {
+            "round": r, "cloud": self.cloud, "samples": self.share * self.spec.inner_steps, "losses": work.losses,
+            "step_s": work.step_s, "compute_s": work.compute_s, "folded_at_step": work.folded_at, "cap": self.cap["cap"],
+            "started_at": work.started_at, **self.ready,
+        })
+        print(round_line(r, work, self.cap, self.ready, self.spec.inner_steps), flush=True)
+
+    def start_next_round(self, r: int) -> None:
+        """Fold in the globals round ``r + 1`` starts from, and take up the share and power cap they set.
+
+        overlap: round r + 1 needs no more than global r (this round's exchange runs while it
+        computes and is folded in when it lands); blocking: it starts from global r + 1.
+        """
         t3, wait_s = time.perf_counter(), 0.0
-        need = r if plan.overlap else r + 1
-        while known.round < need:
+        need = r if self.plan.overlap else r + 1
+        while self.known.round < need:
             tw = time.perf_counter()
-            commit = wait_for_commit(store, keys.global_step(known.round + 1), keys.stop, spec.round_timeout_s)
+            commit = wait_for_commit(self.store, self.keys.global_step(self.known.round + 1), self.keys.stop,
+                                     self.spec.round_timeout_s)
             wait_s += time.perf_counter() - tw
-            fold_in(commit)
-        meta = known.metas[need]
-        share = meta.get("next_shares", {}).get(cloud, share)  # straggler-aware and grid-shifted shares
-        cap = meta.get("caps", {}).get(cloud, {"cap": 1.0, "throughput": 1.0})  # a grid request's power cap
-        base = _snapshot(model)
-        ready = {"wait_s": wait_s, "download_s": time.perf_counter() - t3 - wait_s}
-    if world > 1:
+            self.fold_in(commit)
+        meta = self.known.metas[need]
+        self.share = meta.get("next_shares", {}).get(self.cloud, self.share)  # straggler-aware and grid-shifted shares
+        self.cap = meta.get("caps", {}).get(self.cloud, {"cap": 1.0, "throughput": 1.0})  # a grid request's power cap
+        self.base = _snapshot(self.model)
+        self.ready = {"wait_s": wait_s, "download_s": time.perf_counter() - t3 - wait_s}
+
+
+def train(plan: Plan, cloud: str, store: ObjectStore) -> None:
+    """Train ``cloud``'s part of every round of the run, committing each round's pseudo-gradient to ``store``."""
+    trainer = CloudTrainer(plan, cloud, store)
+    trainer.start()
+    for r in range(plan.spec.rounds):
+        trainer.train_round(r)
+        if r < plan.spec.rounds - 1:
+            trainer.start_next_round(r)
+    if trainer.world > 1:
         dist.destroy_process_group()
 
 
