@@ -66,10 +66,10 @@
    target. Both run in this process after torch is initialised (catalog
    training), so neither includes interpreter or torch start-up.
 
-4. **Planner scale.** ``distribution.plan`` on
+4. **Planner scale.** ``distribution.choose_warm_sets`` on
    ``synthetic_catalog(--plan-artifacts, --plan-clouds, --plan-bytes, --seed)``
-   (metadata only); ``plan_s`` times ``plan`` alone (catalog generation printed
-   separately).
+   (metadata only); ``plan_s`` times ``choose_warm_sets`` alone (catalog
+   generation printed separately).
 
 Last line: ``bytes_moved_vs_whole_file=<(c) / (a)> bytes_moved_vs_file_cache=<(c) / (b)>
 first_step_warm_s=<s> first_step_cold_s=<s> plan_s=<s>``.
@@ -88,9 +88,10 @@ from pathlib import Path
 
 import torch
 
-from crosscloud.artifacts.distribution import SYNTHETIC_NOW, human_bytes, plan, synthetic_catalog
+from crosscloud.artifacts.distribution import choose_warm_sets, human_bytes
 from crosscloud.artifacts.preheat import RateCap, TransferReport, fetch_all
 from crosscloud.core.presets import ModelConfig, preset
+from crosscloud.research.synthetic_catalog import SYNTHETIC_NOW, synthetic_catalog
 from crosscloud.store.base import LocalStore
 from crosscloud.store.chunks import BlobRef, ChunkIndex, load_manifest, put_blob, read_blob, warmth
 from crosscloud.store.network import EmulatedLink, LinkedStore
@@ -518,7 +519,7 @@ def main(argv: list[str] | None = None) -> int:
     artifacts, held, budgets, dem, pins = synthetic_catalog(args.plan_artifacts, args.plan_clouds,
                                                             int(args.plan_bytes), args.seed)
     t1 = time.perf_counter()
-    result = plan(artifacts, held, budgets, dem, pins, SYNTHETIC_NOW)
+    result = choose_warm_sets(artifacts, held, budgets, dem, pins, SYNTHETIC_NOW)
     plan_s = time.perf_counter() - t1
     print(f"catalog generated in {t1 - t0:.2f} s ({len(dem)} (artifact, cloud) demand pairs, {len(pins)} pins); "
           f"plan in {plan_s:.2f} s: fetch {human_bytes(result.fetch_bytes)}, evict {human_bytes(result.evict_bytes)}, "

@@ -58,7 +58,7 @@ def model_distribution():
     def plan_distribution() -> list[dict]:
         import json
 
-        from crosscloud.artifacts.catalog import plan_distribution as make_plan
+        from crosscloud.artifacts.catalog import choose_tenant_warm_sets
         from crosscloud.core.federation import load_federation
         from crosscloud.store.open_store import open_store
         from crosscloud_airflow.connections import use_airflow_connections
@@ -67,8 +67,8 @@ def model_distribution():
         ctx = get_current_context()
         p, fed = ctx["params"], load_federation()
         clouds = p["clouds"] or [c.name for c in fed.clouds]
-        _, result = make_plan(fed, p["tenant"], clouds, int(p["budget_gb"] * 1e9), p["half_life_days"] * 86400,
-                              p["artifacts"], p["pin_hours"] * 3600)
+        _, result = choose_tenant_warm_sets(fed, p["tenant"], clouds, int(p["budget_gb"] * 1e9),
+                                            p["half_life_days"] * 86400, p["artifacts"], p["pin_hours"] * 3600)
         print(result.format())
         key = f"{p['tenant']}/distribution/{ctx['run_id'].replace(':', '-').replace('+', '-')}.json"
         open_store(fed.local_cloud, p["tenant"]).put(key, json.dumps(result.to_dict(), indent=2).encode())
@@ -79,7 +79,7 @@ def model_distribution():
         import json
 
         from crosscloud.artifacts.catalog import apply, load_catalog, protective_cap
-        from crosscloud.artifacts.distribution import CloudPlan
+        from crosscloud.artifacts.distribution import CloudWarmSet
         from crosscloud.core.federation import load_federation
         from crosscloud.store.open_store import open_store
         from crosscloud_airflow.connections import use_airflow_connections
@@ -90,7 +90,7 @@ def model_distribution():
         cat = load_catalog(fed, p["tenant"], list(stored["clouds"]))
         rate = protective_cap(fed, cloud, p["link_share"])
         # idempotent: a retry sends only what is still missing
-        done = apply(fed, cat, CloudPlan.from_dict(stored["clouds"][cloud]), rate)
+        done = apply(fed, cat, CloudWarmSet.from_dict(stored["clouds"][cloud]), rate)
         print(f"{cloud}: evicted {len(done['evicted'])} ({done['freed_bytes']} bytes freed), fetched "
               f"{len(done['fetched'])} ({done['total_sent_bytes']} bytes sent, read from {done['read_from']})")
         return done

@@ -7,7 +7,8 @@ import os
 
 import pytest
 
-from crosscloud.artifacts.catalog import apply, load_catalog, plan_distribution
+from crosscloud.artifacts.catalog import apply, load_catalog
+from crosscloud.artifacts.catalog import choose_tenant_warm_sets as plan_distribution
 from crosscloud.core.federation import load_federation
 from crosscloud.core.job import JobSpec
 from crosscloud.pipeline.stages import admit_stage, preheat_stage, release_stage

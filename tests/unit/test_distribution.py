@@ -6,16 +6,9 @@ import json
 
 import pytest
 
-from crosscloud.artifacts.distribution import (
-    SYNTHETIC_NOW,
-    Artifact,
-    Pin,
-    PinsOverBudget,
-    Use,
-    demand,
-    plan,
-    synthetic_catalog,
-)
+from crosscloud.artifacts.distribution import Artifact, Pin, PinsOverBudget, Use, demand
+from crosscloud.artifacts.distribution import choose_warm_sets as plan
+from crosscloud.research.synthetic_catalog import SYNTHETIC_NOW, synthetic_catalog
 
 NOW = 1_000_000.0
 GB = 10**9

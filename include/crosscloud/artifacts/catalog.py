@@ -1,10 +1,10 @@
 """A tenant's artifacts across the federation: what exists, where it is warm, who needs it.
 
 It joins the stores (manifests and chunk indexes per cloud) with the runs'
-plans (which cloud read which artifacts, when) and the ledger's pins, so the
-distribution planner can decide, and then carries a cloud's part of a plan
-out: evictions first (manifests, then packs no remaining artifact uses), then
-fetches through the preheat path.
+plans (which cloud read which artifacts, when) and the ledger's pins, so
+``distribution.choose_warm_sets`` can decide each cloud's warm set, and then
+carries a cloud's warm set out: evictions first (manifests, then packs no
+remaining artifact uses), then fetches through the preheat path.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import json
 import time
 from dataclasses import dataclass
 
-from crosscloud.artifacts.distribution import Artifact, CloudPlan, DistributionPlan, Pin, Use, demand, plan
+from crosscloud.artifacts.distribution import Artifact, CloudWarmSet, Pin, Use, WarmSets, choose_warm_sets, demand
 from crosscloud.artifacts.preheat import RateCap, TransferReport, fetch
 from crosscloud.core.federation import Federation
 from crosscloud.core.keys import manifest_key
@@ -90,9 +90,10 @@ def pins_of(tenant: str, ledger: Ledger | None = None) -> list[Pin]:
     return [Pin(a, c, t) for a, c, t in (ledger or Ledger()).pins(tenant)]
 
 
-def plan_distribution(fed: Federation, tenant: str, clouds: list[str], budget_bytes: int, half_life_s: float,
-                      pin: list[str] = (), pin_s: float = 0.0, ledger: Ledger | None = None) -> tuple[Catalog, DistributionPlan]:
-    """Pin ``pin`` on ``clouds`` for ``pin_s``, then plan every cloud under ``budget_bytes`` from runs' demand."""
+def choose_tenant_warm_sets(fed: Federation, tenant: str, clouds: list[str], budget_bytes: int, half_life_s: float,
+                            pin: list[str] = (), pin_s: float = 0.0,
+                            ledger: Ledger | None = None) -> tuple[Catalog, WarmSets]:
+    """Pin ``pin`` on ``clouds`` for ``pin_s``, then choose every cloud's warm set under ``budget_bytes`` from runs' demand."""
     ledger, now = ledger or Ledger(), time.time()
     cat = load_catalog(fed, tenant, clouds)
     unknown = [a for a in pin if a not in cat.manifests]
@@ -103,7 +104,8 @@ def plan_distribution(fed: Federation, tenant: str, clouds: list[str], budget_by
             ledger.pin(tenant, sha, cloud, now + pin_s)
     wanted = demand(uses_from_runs(fed, tenant), now, half_life_s=half_life_s)
     budgets = {c: budget_bytes for c in clouds}
-    return cat, plan(cat.artifacts(), cat.held(), budgets, wanted, pins_of(tenant, ledger) + in_flight(fed, tenant, ledger, now), now)
+    pins = pins_of(tenant, ledger) + in_flight(fed, tenant, ledger, now)
+    return cat, choose_warm_sets(cat.artifacts(), cat.held(), budgets, wanted, pins, now)
 
 
 def in_flight(fed: Federation, tenant: str, ledger: Ledger, now: float) -> list[Pin]:
@@ -150,8 +152,8 @@ def protective_cap(fed: Federation, cloud: str, link_share: float, ledger: Ledge
     return RateCap(link_share * max(links) * 1e6 / 8)
 
 
-def apply(fed: Federation, cat: Catalog, part: CloudPlan, rate: RateCap | None = None) -> dict:
-    """Carry out one cloud's part of a plan: evict, free unused packs, fetch what is missing."""
+def apply(fed: Federation, cat: Catalog, part: CloudWarmSet, rate: RateCap | None = None) -> dict:
+    """Carry out one cloud's warm set: evict, free unused packs, fetch what is missing."""
     cloud, store = part.cloud, cat.stores[part.cloud]
     for sha, _ in part.evict:
         store.delete(manifest_key(cat.tenant, sha))

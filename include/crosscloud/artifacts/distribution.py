@@ -1,4 +1,4 @@
-"""Which artifacts should be warm on which cloud: a distribution plan under byte budgets.
+"""Which artifacts should be warm on which cloud: warm sets chosen under byte budgets.
 
 A task migrates in seconds only if what it reads is already on the target
 cloud, so models, datasets, images and checkpoints are placed *ahead* of jobs.
@@ -8,26 +8,22 @@ so the same code runs in the DAG, in the benchmark and in tests.
 
 - ``demand`` turns jobs (past runs, planned runs, migration candidates) into a
   probability-like score per (artifact, cloud) that a job there needs it.
-- ``plan`` chooses, per cloud and under its byte budget, what to keep, fetch
-  and evict: unexpired pins first, then the rest greedily by value density,
-  where the value of having an artifact warm is the bytes a job would otherwise
-  wait for (demand x missing bytes to fetch, demand x held bytes to keep).
-  Held bytes count a little more (``stickiness``) so that plans do not thrash
-  when demand fluctuates.
-- ``synthetic_catalog`` builds a large, deterministic, realistically skewed
-  catalog to time ``plan`` at the issue's scale (50,000 artifacts, 16 clouds).
+- ``choose_warm_sets`` chooses, per cloud and under its byte budget, what to
+  keep, fetch and evict: unexpired pins first, then the rest greedily by value
+  density, where the value of having an artifact warm is the bytes a job would
+  otherwise wait for (demand x missing bytes to fetch, demand x held bytes to
+  keep). Held bytes count a little more (``stickiness``) so that the choice
+  does not thrash when demand fluctuates.
 """
 
 from __future__ import annotations
 
 import math
-import random
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
 KINDS = ("model", "dataset", "image", "checkpoint")
 DAY_S = 86400.0
-SYNTHETIC_NOW = 1_767_225_600.0  # 2026-01-01T00:00:00Z: fixed so synthetic catalogs are reproducible
 
 
 @dataclass(frozen=True)
@@ -68,7 +64,7 @@ class Use:
 
 
 class PinsOverBudget(ValueError):
-    """Unexpired pins on a cloud need more bytes than its budget: no plan can honour them."""
+    """Unexpired pins on a cloud need more bytes than its budget: no warm set can honour them."""
 
     def __init__(self, cloud: str, pins: list[str], pinned_bytes: int, budget: int):
         self.cloud, self.pins, self.pinned_bytes, self.budget = cloud, pins, pinned_bytes, budget
@@ -104,14 +100,14 @@ def demand(uses: Iterable[Use], now: float, half_life_s: float = 7 * DAY_S) -> d
 
 
 @dataclass
-class CloudPlan:
-    """One cloud's part of a plan. Evict first, then fetch: the budget then holds throughout.
+class CloudWarmSet:
+    """One cloud's warm set: what to keep, fetch and evict. Evict first, then fetch: the budget then holds throughout.
 
     ``fetch``: (artifact, missing_bytes, score) in fetch order, pins first then
     by value density; score = demand x missing bytes (bytes a job would wait for).
     ``keep``: (artifact, bytes, score) fully present and chosen; score = demand x size.
     ``evict``: (artifact, bytes held) coldest first.
-    ``used_bytes``: logical bytes of everything chosen, once the plan is applied.
+    ``used_bytes``: logical bytes of everything chosen, once the warm set is applied.
     """
 
     cloud: str
@@ -149,8 +145,8 @@ class CloudPlan:
         }
 
     @classmethod
-    def from_dict(cls, d: dict) -> CloudPlan:
-        """The inverse of ``to_dict``: a stored plan is carried out as it was shown."""
+    def from_dict(cls, d: dict) -> CloudWarmSet:
+        """The inverse of ``to_dict``: a stored warm set is carried out as it was shown."""
         return cls(
             cloud=d["cloud"], budget=d["budget"], used_bytes=d["used_bytes"], pinned=list(d["pinned"]),
             fetch=[(f["artifact"], f["missing_bytes"], f["score"]) for f in d["fetch"]],
@@ -160,10 +156,10 @@ class CloudPlan:
 
 
 @dataclass
-class DistributionPlan:
-    """Per-cloud plans plus totals; ``fetch_bytes`` is what the plan will move over the network."""
+class WarmSets:
+    """Every cloud's warm set plus totals; ``fetch_bytes`` is what applying them moves over the network."""
 
-    clouds: dict[str, CloudPlan]
+    clouds: dict[str, CloudWarmSet]
     now: float
 
     @property
@@ -223,7 +219,7 @@ class DistributionPlan:
         return "\n".join(lines)
 
 
-def plan(
+def choose_warm_sets(
     artifacts: Mapping[str, Artifact],
     held: Mapping[str, Mapping[str, int]],
     budgets: Mapping[str, int],
@@ -231,11 +227,11 @@ def plan(
     pins: Iterable[Pin],
     now: float,
     stickiness: float = 0.1,
-) -> DistributionPlan:
+) -> WarmSets:
     """Choose per cloud what to keep, fetch and evict so that likely-needed bytes are already there.
 
-    Clouds planned are the keys of ``budgets`` (``held`` and pins of other
-    clouds are ignored, so a run may plan a subset). ``held[cloud][artifact]``
+    Clouds decided are the keys of ``budgets`` (``held`` and pins of other
+    clouds are ignored, so a run may decide a subset). ``held[cloud][artifact]``
     is the bytes of it already present (partial holdings count; chunks shared
     with other artifacts are the transfer layer's business, not the budget's).
     Per cloud:
@@ -254,158 +250,114 @@ def plan(
     """
     if stickiness < 0:
         raise ValueError(f"stickiness must be >= 0, got {stickiness}")
+    candidates = _candidates_by_cloud(artifacts, budgets, demand)
+    pinned = _unexpired_pins(artifacts, budgets, pins, now)
+    sizes = {name: a.size for name, a in artifacts.items()}
+    clouds = {
+        cloud: _choose_for_cloud(cloud, budget, sizes, held.get(cloud, {}), candidates[cloud], pinned[cloud], stickiness)
+        for cloud, budget in budgets.items()
+    }
+    return WarmSets(clouds=clouds, now=now)
+
+
+def _candidates_by_cloud(
+    artifacts: Mapping[str, Artifact], budgets: Mapping[str, int], demand: Mapping[tuple[str, str], float],
+) -> dict[str, list[tuple[str, float]]]:
+    """(artifact, demand) per decided cloud, for catalog artifacts with demand > 0 there."""
     by_cloud: dict[str, list[tuple[str, float]]] = {c: [] for c in budgets}
     for (name, cloud), d in demand.items():
         if d > 0.0 and cloud in by_cloud and name in artifacts:
             by_cloud[cloud].append((name, d))
-    active: dict[str, dict[str, float]] = {c: {} for c in budgets}  # cloud -> pinned artifact -> latest expiry
+    return by_cloud
+
+
+def _unexpired_pins(
+    artifacts: Mapping[str, Artifact], budgets: Mapping[str, int], pins: Iterable[Pin], now: float,
+) -> dict[str, set[str]]:
+    """Artifacts pinned on each decided cloud past ``now``; a live pin on an artifact not in the catalog is an error."""
+    active: dict[str, set[str]] = {c: set() for c in budgets}
     for pin in pins:
         if pin.cloud not in active or pin.expires_at <= now:
             continue
         if pin.artifact not in artifacts:
             raise ValueError(f"pin on cloud {pin.cloud!r} names {pin.artifact!r}, which is not in the catalog")
-        prev = active[pin.cloud].get(pin.artifact)
-        active[pin.cloud][pin.artifact] = pin.expires_at if prev is None else max(prev, pin.expires_at)
-
-    sizes = {name: a.size for name, a in artifacts.items()}
-    out: dict[str, CloudPlan] = {}
-    for cloud, budget in budgets.items():
-        if budget < 0:
-            raise ValueError(f"cloud {cloud!r}: budget must be >= 0, got {budget}")
-        has = held.get(cloud, {})
-        scores = dict(by_cloud[cloud])
-        cp = CloudPlan(cloud=cloud, budget=int(budget))
-        chosen: set[str] = set()
-
-        def take(name: str) -> None:
-            size = artifacts[name].size
-            present = min(size, max(0, has.get(name, 0)))
-            d = scores.get(name, 0.0)
-            if present < size:
-                cp.fetch.append((name, size - present, d * (size - present)))
-            else:
-                cp.keep.append((name, size, d * size))
-            cp.used_bytes += size
-            chosen.add(name)
-
-        pinned = sorted(active[cloud])
-        pinned_bytes = sum(artifacts[n].size for n in pinned)
-        if pinned_bytes > budget:
-            raise PinsOverBudget(cloud, pinned, pinned_bytes, int(budget))
-        for name in pinned:
-            take(name)
-        cp.pinned = pinned
-
-        # value / size = d * (missing + (1 + stickiness) * present) / size = d * (1 + stickiness * present / size)
-        ranked = []
-        for name, d in by_cloud[cloud]:
-            if name in chosen:
-                continue
-            size = sizes[name]
-            present = has.get(name, 0)
-            if present > 0 and size > 0:
-                present = min(size, present)
-                ranked.append((-d * (1.0 + stickiness * present / size), -present, name))
-            else:
-                ranked.append((-d if size > 0 else -math.inf, 0, name))
-        ranked.sort()  # densest first; ties: more already here first, then by name
-        free = budget - cp.used_bytes
-        for _, _, name in ranked:
-            if sizes[name] <= free:
-                take(name)
-                free -= sizes[name]
-
-        gone = [(scores.get(n, 0.0), -b, n) for n, b in has.items() if b > 0 and n not in chosen]
-        gone.sort()
-        cp.evict = [(n, -nb) for _, nb, n in gone]
-        out[cloud] = cp
-    return DistributionPlan(clouds=out, now=now)
+        active[pin.cloud].add(pin.artifact)
+    return active
 
 
-def synthetic_catalog(
-    n_artifacts: int,
-    n_clouds: int,
-    total_bytes: int,
-    seed: int,
-    now: float = SYNTHETIC_NOW,
-) -> tuple[dict[str, Artifact], dict[str, dict[str, int]], dict[str, int], dict[tuple[str, str], float], list[Pin]]:
-    """A large, deterministic catalog (metadata only) to time ``plan``: same seed, same catalog.
+def _choose_for_cloud(
+    cloud: str,
+    budget: int,
+    sizes: Mapping[str, int],
+    has: Mapping[str, int],
+    candidates: list[tuple[str, float]],
+    pinned: set[str],
+    stickiness: float,
+) -> CloudWarmSet:
+    """One cloud's warm set: its pins, then candidates densest first while they fit, then evictions."""
+    if budget < 0:
+        raise ValueError(f"cloud {cloud!r}: budget must be >= 0, got {budget}")
+    scores = dict(candidates)
+    ws = CloudWarmSet(cloud=cloud, budget=int(budget))
+    chosen: set[str] = set()
+    ws.pinned = sorted(pinned)
+    pinned_bytes = sum(sizes[n] for n in ws.pinned)
+    if pinned_bytes > budget:
+        raise PinsOverBudget(cloud, ws.pinned, pinned_bytes, int(budget))
+    for name in ws.pinned:
+        _take(ws, chosen, name, sizes[name], has.get(name, 0), scores.get(name, 0.0))
+    free = budget - ws.used_bytes
+    for name in _by_density(candidates, chosen, sizes, has, stickiness):
+        size = sizes[name]
+        if size <= free:
+            _take(ws, chosen, name, size, has.get(name, 0), scores[name])
+            free -= size
+    ws.evict = _evictions(has, chosen, scores)
+    return ws
 
-    Sizes are log-normal (median ~60 MB), clipped to 10 MB..100 GB, then
-    scaled so they sum to ``total_bytes``. Popularity is Zipf-like (s = 0.9)
-    with half of each cloud's jobs drawn from a global ranking and half from
-    its own, so clouds share hits but differ. Demand comes from ``demand()``
-    over ~30 days of synthetic jobs (n_artifacts / 4 per cloud) plus a few
-    planned runs and migration candidates (sparse: only artifacts some job
-    read on that cloud). Budgets are 4-12 % of the catalog per cloud; each
-    cloud already holds ~90 % of its budget as an LRU cache would (recent
-    jobs' artifacts, a quarter stale picks), one in ten held artifacts only
-    partly; a few pins per cloud, some already expired. Pass the same ``now``
-    to ``plan``.
+
+def _take(ws: CloudWarmSet, chosen: set[str], name: str, size: int, present: int, d: float) -> None:
+    """Add ``name`` to ``ws``: kept if its ``size`` bytes are all present, else fetched for the missing ones."""
+    present = min(size, max(0, present))
+    if present < size:
+        ws.fetch.append((name, size - present, d * (size - present)))
+    else:
+        ws.keep.append((name, size, d * size))
+    ws.used_bytes += size
+    chosen.add(name)
+
+
+def _by_density(
+    candidates: list[tuple[str, float]],
+    chosen: set[str],
+    sizes: Mapping[str, int],
+    has: Mapping[str, int],
+    stickiness: float,
+) -> list[str]:
+    """Candidates not yet chosen, densest value per budget byte first; ties: more already here, then by name.
+
+    value / size = d * (missing + (1 + stickiness) * present) / size = d * (1 + stickiness * present / size).
     """
-    rng = random.Random(seed)
-    lo, hi = 10e6, 100e9
-    raw = [min(hi, max(lo, rng.lognormvariate(math.log(60e6), 1.6))) for _ in range(n_artifacts)]
-    scale = total_bytes / sum(raw) if raw else 1.0
-    names = [f"{kind}-{i:06d}" for i, kind in
-             enumerate(rng.choices(KINDS, weights=(0.4, 0.3, 0.1, 0.2), k=n_artifacts))]
-    artifacts = {n: Artifact(n, n.split("-")[0], max(1, int(s * scale))) for n, s in zip(names, raw)}
+    ranked = []
+    for name, d in candidates:
+        if name in chosen:
+            continue
+        size = sizes[name]
+        present = has.get(name, 0)
+        if present > 0 and size > 0:
+            present = min(size, present)
+            ranked.append((-d * (1.0 + stickiness * present / size), -present, name))
+        else:
+            ranked.append((-d if size > 0 else -math.inf, 0, name))
+    ranked.sort()
+    return [name for _, _, name in ranked]
 
-    cum, acc = [], 0.0
-    for rank in range(1, n_artifacts + 1):
-        acc += rank ** -0.9
-        cum.append(acc)
-    global_order = names[:]
-    rng.shuffle(global_order)
-    clouds = [f"cloud-{c:02d}" for c in range(n_clouds)]
-    budgets = {c: int(total_bytes * rng.uniform(0.04, 0.12)) for c in clouds}
 
-    uses: list[Use] = []
-    held: dict[str, dict[str, int]] = {}
-    pins: list[Pin] = []
-    jobs_per_cloud = max(1000, n_artifacts // 4)
-    for cloud in clouds:
-        local_order = names[:]
-        rng.shuffle(local_order)
-        g = rng.choices(range(n_artifacts), cum_weights=cum, k=jobs_per_cloud * 3)
-        lo_ = rng.choices(range(n_artifacts), cum_weights=cum, k=jobs_per_cloud * 3)
-        for j in range(jobs_per_cloud):
-            order = global_order if j % 2 == 0 else local_order
-            picks = g if j % 2 == 0 else lo_
-            k = rng.randint(1, 3)
-            arts = tuple(order[picks[3 * j + i]] for i in range(k))
-            if j < jobs_per_cloud * 0.9:
-                uses.append(Use(cloud, arts, now - rng.uniform(0, 30 * DAY_S)))
-            elif j < jobs_per_cloud * 0.95:
-                uses.append(Use(cloud, arts, now + rng.uniform(0, 3 * DAY_S)))  # planned runs
-            else:
-                uses.append(Use(cloud, arts, now, weight=rng.uniform(0.1, 0.5)))  # migration candidates
-        # What is already there: what an LRU cache would hold (the most recent past jobs'
-        # artifacts), one in four picks a stale one instead, until ~90 % of the budget.
-        recent = sorted((u for u in uses[-jobs_per_cloud:] if u.at <= now), key=lambda u: -u.at)
-        stale = rng.choices(range(n_artifacts), cum_weights=cum, k=jobs_per_cloud)
-        has: dict[str, int] = {}
-        room = int(budgets[cloud] * 0.9)
-        for i, name in enumerate(n for u in recent for n in u.artifacts):
-            if rng.random() < 0.25:
-                name = (local_order if i % 2 else global_order)[stale[i % len(stale)]]
-            size = artifacts[name].size
-            if name in has or size > room:
-                continue
-            part = size if rng.random() > 0.1 else int(size * rng.uniform(0.05, 0.95))
-            has[name] = part
-            room -= part
-        held[cloud] = has
-        # Pins: a few artifacts, within 10 % of the budget; one in three already expired.
-        pin_room = budgets[cloud] // 10
-        for _ in range(8):
-            name = names[rng.randrange(n_artifacts)]
-            if artifacts[name].size > pin_room:
-                continue
-            pin_room -= artifacts[name].size
-            expiry = now + rng.uniform(1, 14) * DAY_S if rng.random() > 1 / 3 else now - rng.uniform(1, 7) * DAY_S
-            pins.append(Pin(name, cloud, expiry))
-    return artifacts, held, budgets, demand(uses, now), pins
+def _evictions(has: Mapping[str, int], chosen: set[str], scores: Mapping[str, float]) -> list[tuple[str, int]]:
+    """(artifact, bytes held) of everything held but not chosen, coldest first, then largest, then by name."""
+    gone = [(scores.get(n, 0.0), -b, n) for n, b in has.items() if b > 0 and n not in chosen]
+    gone.sort()
+    return [(n, -nb) for _, nb, n in gone]
 
 
 def human_bytes(n: float) -> str:
