@@ -7,8 +7,7 @@ import os
 
 import pytest
 
-from crosscloud.artifacts.catalog import apply, load_catalog
-from crosscloud.artifacts.catalog import choose_tenant_warm_sets as plan_distribution
+from crosscloud.artifacts.catalog import apply, choose_tenant_warm_sets, load_catalog
 from crosscloud.core.federation import load_federation
 from crosscloud.core.job import JobSpec
 from crosscloud.pipeline.stages import admit_stage, preheat_stage, release_stage
@@ -31,7 +30,7 @@ def test_demand_comes_from_runs_and_cold_artifacts_are_evicted(run, tmp_path):
     cold = os.urandom(400_000)
     cold_ref, _ = put_blob(load_catalog(fed, T, ["shanghai"]).stores["shanghai"], T, cold, kind="checkpoint")
     clouds = [c.name for c in plan.clouds]
-    cat, result = plan_distribution(fed, T, clouds, 10**9, 7 * 86400, ledger=Ledger(tmp_path / "l.sqlite"))
+    cat, result = choose_tenant_warm_sets(fed, T, clouds, 10**9, 7 * 86400, ledger=Ledger(tmp_path / "l.sqlite"))
     used_there = {p.sha256 for c in plan.clouds if c.name == "shanghai" for p in [plan.init, *(plan.shards[i] for i in c.shards)]}
     shanghai = result.clouds["shanghai"]
     assert used_there <= {a for a, _, _ in shanghai.keep}  # what its run read stays warm
@@ -46,7 +45,7 @@ def test_demand_comes_from_runs_and_cold_artifacts_are_evicted(run, tmp_path):
 def test_a_pinned_artifact_is_fetched_and_kept_whatever_its_demand(run, tmp_path):
     fed, plan = run
     ledger = Ledger(tmp_path / "l.sqlite")
-    cat, result = plan_distribution(fed, T, ["beijing", "singapore"], 10**9, 7 * 86400, pin=[plan.init.sha256],
+    cat, result = choose_tenant_warm_sets(fed, T, ["beijing", "singapore"], 10**9, 7 * 86400, pin=[plan.init.sha256],
                                     pin_s=3600, ledger=ledger)
     singapore = result.clouds["singapore"]
     assert plan.init.sha256 in singapore.pinned and plan.init.sha256 in [a for a, _, _ in singapore.fetch]
@@ -60,9 +59,9 @@ def test_a_pinned_artifact_is_fetched_and_kept_whatever_its_demand(run, tmp_path
 def test_pins_over_budget_and_unknown_artifacts_are_refused(run, tmp_path):
     fed, plan = run
     with pytest.raises(ValueError, match="not in tenant team-b's catalog"):
-        plan_distribution(fed, T, ["beijing"], 10**9, 86400, pin=["0" * 64], pin_s=60, ledger=Ledger(tmp_path / "a"))
+        choose_tenant_warm_sets(fed, T, ["beijing"], 10**9, 86400, pin=["0" * 64], pin_s=60, ledger=Ledger(tmp_path / "a"))
     with pytest.raises(ValueError, match="beijing"):
-        plan_distribution(fed, T, ["beijing"], 10, 86400, pin=[plan.init.sha256], pin_s=60, ledger=Ledger(tmp_path / "b"))
+        choose_tenant_warm_sets(fed, T, ["beijing"], 10, 86400, pin=[plan.init.sha256], pin_s=60, ledger=Ledger(tmp_path / "b"))
 
 
 def test_warm_command_shows_each_artifact_on_each_cloud(run, capsys):

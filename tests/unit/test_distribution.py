@@ -6,8 +6,7 @@ import json
 
 import pytest
 
-from crosscloud.artifacts.distribution import Artifact, Pin, PinsOverBudget, Use, demand
-from crosscloud.artifacts.distribution import choose_warm_sets as plan
+from crosscloud.artifacts.distribution import Artifact, Pin, PinsOverBudget, Use, choose_warm_sets, demand
 from crosscloud.research.synthetic_catalog import SYNTHETIC_NOW, synthetic_catalog
 
 NOW = 1_000_000.0
@@ -19,7 +18,7 @@ def _cat(**sizes: int) -> dict[str, Artifact]:
 
 
 def _one(artifacts, held, budget, dem, pins=(), cloud="c1", **kw):
-    return plan(artifacts, {cloud: held}, {cloud: budget}, {(a, cloud): d for a, d in dem.items()},
+    return choose_warm_sets(artifacts, {cloud: held}, {cloud: budget}, {(a, cloud): d for a, d in dem.items()},
                 list(pins), NOW, **kw).clouds[cloud]
 
 
@@ -63,7 +62,7 @@ def test_hand_computed_plan_scores():
 
 def test_budget_never_exceeded():
     arts, held, budgets, dem, pins = synthetic_catalog(3000, 5, 300 * GB, seed=7)
-    p = plan(arts, held, budgets, dem, pins, SYNTHETIC_NOW)
+    p = choose_warm_sets(arts, held, budgets, dem, pins, SYNTHETIC_NOW)
     assert set(p.clouds) == set(budgets)
     for cloud, cp in p.clouds.items():
         chosen = _names(cp.fetch) + _names(cp.keep)
@@ -99,17 +98,17 @@ def test_pins_over_budget_raise_naming_the_cloud():
     arts = _cat(x=60, y=50)
     pins = [Pin("x", "tokyo", NOW + 10), Pin("y", "tokyo", NOW + 10)]
     with pytest.raises(PinsOverBudget) as err:
-        plan(arts, {}, {"tokyo": 100, "paris": 100}, {}, pins, NOW)
+        choose_warm_sets(arts, {}, {"tokyo": 100, "paris": 100}, {}, pins, NOW)
     msg = str(err.value)
     assert "tokyo" in msg and "x" in msg and "y" in msg and "110" in msg and "100" in msg
     assert err.value.cloud == "tokyo" and err.value.pinned_bytes == 110
     # The same pins, expired, are no problem.
-    plan(arts, {}, {"tokyo": 100}, {}, [Pin("x", "tokyo", NOW - 1), Pin("y", "tokyo", NOW - 1)], NOW)
+    choose_warm_sets(arts, {}, {"tokyo": 100}, {}, [Pin("x", "tokyo", NOW - 1), Pin("y", "tokyo", NOW - 1)], NOW)
 
 
 def test_pin_on_unknown_artifact_is_an_error():
     with pytest.raises(ValueError, match="ghost"):
-        plan(_cat(a=1), {}, {"c1": 10}, {}, [Pin("ghost", "c1", NOW + 10)], NOW)
+        choose_warm_sets(_cat(a=1), {}, {"c1": 10}, {}, [Pin("ghost", "c1", NOW + 10)], NOW)
 
 
 def test_hotter_artifact_displaces_colder_one():
@@ -147,7 +146,7 @@ def test_eviction_lists_exactly_held_but_not_chosen_coldest_first():
 
 def test_plan_serialises_and_formats():
     arts, held, budgets, dem, pins = synthetic_catalog(500, 3, 50 * GB, seed=1)
-    p = plan(arts, held, budgets, dem, pins, SYNTHETIC_NOW)
+    p = choose_warm_sets(arts, held, budgets, dem, pins, SYNTHETIC_NOW)
     d = json.loads(json.dumps(p.to_dict()))
     assert d["totals"]["fetch_bytes"] == p.fetch_bytes == sum(c.fetch_bytes for c in p.clouds.values())
     assert set(d["clouds"]) == set(budgets)

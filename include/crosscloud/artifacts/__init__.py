@@ -1,1 +1,1 @@
-"""Models, data and images where they are needed: preheat, distribution plans and the catalog."""
+"""Models, data and images where they are needed: preheat, the warm set each cloud keeps, and the catalog."""
