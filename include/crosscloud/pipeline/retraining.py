@@ -15,14 +15,16 @@ from __future__ import annotations
 from crosscloud.core.federation import federation_path as resolve_federation_path
 from crosscloud.core.job import JobSpec
 from crosscloud.pipeline.stages import Log, RunRef, held_out_data, run_job
+from crosscloud.store.open_store import open_store
+from crosscloud.store.tensors import from_bytes
 from crosscloud.tracking import registry
+from crosscloud.tracking.mlflow_runs import Tracker
+from crosscloud.training.model import build_model, evaluate
 
 
 def retrain(spec: JobSpec, run_id: str, experiment: str, federation_path: str | None = None,
             tags: dict[str, str] | None = None, log: Log = print) -> dict:
     """Train from the tenant's champion (else latest) registered model; returns the run and the new version."""
-    from crosscloud.tracking.mlflow_runs import Tracker
-
     client = Tracker().client
     name = registry.model_name(spec.tenant, spec.model_size)
     base = registry.champion(client, name) or registry.latest(client, name)
@@ -38,10 +40,6 @@ def retrain(spec: JobSpec, run_id: str, experiment: str, federation_path: str | 
 
 def held_out_loss(ref: RunRef, weights: bytes) -> float:
     """Eval loss of ``weights`` on the held-out set of run ``ref``."""
-    from crosscloud.store.open_store import open_store
-    from crosscloud.store.tensors import from_bytes
-    from crosscloud.training.model import build_model, evaluate
-
     fed, plan = ref.load()
     model = build_model(plan.model, plan.spec.seed)
     model.load_state_dict(from_bytes(weights))
@@ -50,8 +48,6 @@ def held_out_loss(ref: RunRef, weights: bytes) -> float:
 
 def decide(result: dict) -> dict:
     """Promote the retrained version to ``champion`` only if it beats the champion on the same held-out set."""
-    from crosscloud.tracking.mlflow_runs import Tracker
-
     client = Tracker().client
     name, version, new_loss = result["model"]["name"], result["model"]["version"], result["final_eval_loss"]
     current = registry.champion(client, name)

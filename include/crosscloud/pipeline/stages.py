@@ -37,6 +37,9 @@ from crosscloud.store.credentials import credentials_env, require_credentials
 from crosscloud.store.network import nearest_first, network, store_seen_from, wan_bytes
 from crosscloud.store.open_store import open_store
 from crosscloud.store.tensors import from_bytes, to_bytes
+from crosscloud.tracking import plots, registry
+from crosscloud.tracking.mlflow_runs import Tracker
+from crosscloud.tracking.run_report import load_run
 from crosscloud.training.coordinator import Coordinator, load_global
 from crosscloud.training.corpus import build_corpus
 from crosscloud.training.model import build_model, evaluate
@@ -140,8 +143,6 @@ def _new_plan(fed: Federation, federation_path: str, spec: JobSpec, run_id: str,
 def _write_plan(fed: Federation, plan: Plan, experiment: str | None, tags: dict[str, str] | None) -> None:
     """Open the run's MLflow runs (when it is tracked) and store the plan on the local cloud."""
     if experiment:
-        from crosscloud.tracking.mlflow_runs import Tracker
-
         plan.tracking = Tracker().start_job(plan, experiment, tags or {})
     plan.save(open_store(fed.local_cloud, plan.tenant))
 
@@ -263,8 +264,6 @@ def _tracker(plan: Plan):
     """MLflow's tracker of a tracked run; None when the run is not tracked."""
     if not plan.tracking:
         return None
-    from crosscloud.tracking.mlflow_runs import Tracker
-
     return Tracker()
 
 
@@ -307,8 +306,6 @@ def _baseline(plan: Plan, experiment: str | None, log: Log) -> dict | None:
     """
     key = baseline.baseline_key(plan)
     if experiment:
-        from crosscloud.tracking.mlflow_runs import Tracker
-
         found = Tracker().find_baseline(experiment, key)
         if found:
             log(f"baseline: MLflow run {found['run_id']} ({found['iteration_time_s'] * 1000:.1f} ms/step)")
@@ -408,16 +405,11 @@ def _run_summary(plan: Plan, history: list[dict], clouds: dict, train_s: float, 
 
 def _register_model(tracker, plan: Plan, summary: dict, params: dict) -> dict:
     """Log and register the final model in MLflow's registry; returns its name, version and source."""
-    from crosscloud.tracking import registry
-
     return registry.register(tracker.client, plan, summary, to_bytes(params))
 
 
 def _close_tracking(tracker, fed: Federation, plan: Plan, summary: dict, history: list[dict], handles: list[Handle]) -> None:
     """Log the run's plots and the sub-tasks' logs to MLflow and close its runs."""
-    from crosscloud.tracking import plots
-    from crosscloud.tracking.run_report import load_run
-
     started = history[0]["published_at"] - history[0]["wall_s"]
     plots.log_plots(tracker.client, fed, load_run(fed, plan.tenant, plan.run_id), baseline.baseline_key(plan),
                     started, history[-1]["published_at"])
@@ -459,8 +451,6 @@ def run_job(spec: JobSpec, run_id: str, federation_path: str | None = None, expe
             sync_stage(ref, handles, log)
         except BaseException:
             if plan.tracking:
-                from crosscloud.tracking.mlflow_runs import Tracker
-
                 Tracker().fail(plan)
             raise
         return aggregate_stage(ref, handles, experiment, log, compare_baseline)

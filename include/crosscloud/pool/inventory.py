@@ -10,10 +10,14 @@ from __future__ import annotations
 
 import time
 from dataclasses import asdict, dataclass, field
+from datetime import datetime, timezone
 
 from crosscloud.backends import SubTaskError, get_backend
+from crosscloud.backends.kubernetes import KubernetesBackend
 from crosscloud.core.federation import Cloud, Federation
+from crosscloud.core.paths import data_dir
 from crosscloud.energy.power import effective_price
+from crosscloud.energy.prices import CsvFeed, ElectricityError, map_to_data_year
 from crosscloud.pool.ledger import Ledger, Membership, Usage
 from crosscloud.pool.placement import Site
 
@@ -24,15 +28,10 @@ def electricity_now(cloud: Cloud, now: float | None = None) -> tuple[float | Non
     """(USD/MWh, data hour, note) of ``cloud``'s grid region now.
 
     The public data is for one year (2023): "now" is mapped onto the data's year
-    by day-of-year and hour (``electricity.map_to_data_year``). The price is
+    by day-of-year and hour (``energy.prices.map_to_data_year``). The price is
     None ("unknown") when the cloud has no ``grid:`` section, the feed cannot
     be read, or it has no price for that hour; the note says which.
     """
-    from datetime import datetime, timezone
-
-    from crosscloud.core.paths import data_dir
-    from crosscloud.energy.prices import CsvFeed, ElectricityError, map_to_data_year
-
     if cloud.grid is None:
         return None, "", "no grid section"
     key = str(data_dir())
@@ -208,8 +207,6 @@ def membership_state(cloud: Cloud, member: Membership | None) -> tuple[str, str,
 
 def clusters_free(cloud: Cloud) -> tuple[dict[str, int], str]:
     """({accelerator: free devices}, note) of a kubernetes cloud's pools, asked of its cluster's API now."""
-    from crosscloud.backends.kubernetes import KubernetesBackend
-
     try:
         return KubernetesBackend().free(cloud), ""
     except Exception as exc:  # noqa: BLE001 - an unreachable cluster is shown, not fatal to the view

@@ -13,6 +13,7 @@ import os
 import time
 
 from crosscloud.core.paths import state_dir
+from crosscloud.run.baseline import baseline_key
 
 TAG = "crosscloud"
 
@@ -39,8 +40,6 @@ class Tracker:
 
     def start_job(self, plan, experiment: str, tags: dict[str, str]) -> dict:
         """Create the parent and per-cloud child runs; returns the plan's tracking section."""
-        from crosscloud.run.baseline import baseline_key
-
         exp_id = self.experiment_id(experiment)
         common = {
             f"{TAG}.tenant": plan.tenant,

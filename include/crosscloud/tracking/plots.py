@@ -16,6 +16,7 @@ from __future__ import annotations
 from datetime import datetime, timezone
 
 from crosscloud.core.federation import Federation
+from crosscloud.energy.prices import CsvFeed, ElectricityError, map_to_data_year
 from crosscloud.tracking.run_report import RunView
 
 COLORS = {"compute": "#4e79a7", "communication": "#f28e2b", "waiting": "#bab0ac"}
@@ -73,8 +74,6 @@ def round_breakdown(run: RunView):
 
 def price_curves(fed: Federation, run: RunView, started_at: float, feed=None) -> dict[str, list[float]]:
     """Each planned cloud's price (USD/MWh) for the 24 data hours from the run's start hour; clouds without data left out."""
-    from crosscloud.energy.prices import CsvFeed, ElectricityError, map_to_data_year
-
     feed = feed or CsvFeed()
     first = map_to_data_year(datetime.fromtimestamp(started_at, timezone.utc), feed.year)
     curves = {}
