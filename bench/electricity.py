@@ -12,13 +12,11 @@ Scenario (defaults; every one is an argument):
 * **Training jobs**: the Philly-derived Gavel traces (VCs 6214e9, 6c71a0,
   b436b2, ee9e8c, 11cb48). By default each VC's jobs arrive evenly over the
   week in their arrival order (``--arrivals rank``: the same jobs and mix at
-  a steady rate, so ``--load`` holds every day, peak day <= ~1.3). With
-  ``--arrivals span`` each VC's arrival times are scaled from its own span
-  onto the week instead; the traces are back-loaded (in 6214e9, 90 % of the
-  jobs arrive in the last 13 % of its span), so most of the week's work then
-  arrives in its last two days, where it exceeds the capacity (peak day up to
-  1.8 at load 0.6; even the price-unaware policy misses ~180 deadlines): not
-  the realistic offered load the benchmark is meant for. Jobs running longer than
+  a steady rate, so ``--load`` holds every day). With ``--arrivals span``
+  each VC's arrival times are scaled from its own span onto the week
+  instead; the traces are back-loaded, so most of the week's work then
+  arrives in its last two days, where it exceeds the capacity: not the
+  realistic offered load the benchmark is meant for. Jobs running longer than
   ``--max-runtime-h`` (48 h) on a V100 are left out (a week cannot hold them;
   the share left out is printed);
   from the rest, ``--jobs`` are taken evenly in arrival order. Job *i* gets home

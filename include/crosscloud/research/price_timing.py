@@ -171,10 +171,223 @@ def _window_cost(prices: np.ndarray, occ: np.ndarray) -> np.ndarray:
     return np.convolve(prices, occ[::-1], mode="valid")[:n]
 
 
+def _expected_rates(clouds: Sequence[CloudSpec], view: PriceView, decision: int, start: int, hours: int) -> np.ndarray:
+    """Expected USD per device-hour (rental + energy) per cloud for absolute hours ``start ..``, as seen at ``decision``."""
+    rates = np.empty((len(clouds), hours))
+    for ci, c in enumerate(clouds):
+        p = np.asarray(view(c.region, decision, start, hours), dtype=float)
+        rates[ci] = c.rental + energy_price_per_device_hour(c.power_w, 1.0, c.pue) * p
+    return rates
+
+
+class _Greedy:
+    """The greedy online policies (``"price"``, ``"least-loaded"``) deciding jobs one at a time, in arrival order.
+
+    Holds the device calendar, the schedule being built and the training
+    reservations that have not started yet: those may still give way to a job
+    that fits nowhere else, or be re-planned when new prices are published.
+    """
+
+    def __init__(self, policy: str, clouds: Sequence[CloudSpec], horizon: int, view: PriceView | None, t0: int,
+                 headroom: float, deferrable_slack_h: float):
+        self.policy = policy
+        self.clouds = clouds
+        self.horizon = horizon
+        self.view = view
+        self.t0 = t0
+        self.headroom = headroom
+        self.deferrable_slack_h = deferrable_slack_h
+        self.cal = _Calendar(clouds, horizon)
+        self.out = Schedule(policy)
+        self.pending: dict[str, tuple[TrainingJob, int, int]] = {}  # reserved, not started: name -> (job, cloud, start)
+        self.placed_training: dict[str, Placement] = {}
+        self._rates: dict[int, np.ndarray] = {}
+
+    def rates_at(self, decision: int) -> np.ndarray:
+        """Expected USD per device-hour per cloud over the horizon, as seen at ``decision``.
+
+        Knowledge changes only at publication and at midnight, so the rates are cached per decision hour.
+        """
+        if decision not in self._rates:
+            self._rates[decision] = _expected_rates(self.clouds, self.view, self.t0 + decision, self.t0, self.horizon)
+        return self._rates[decision]
+
+    def place_training(self, job: TrainingJob, now: int, bump: bool = True) -> None:
+        """Reserve the (cloud, start) the policy picks for ``job``, deciding at hour ``now``.
+
+        With ``bump``, when no start meets the deadline, unstarted reservations give way (``_give_way``).
+        """
+        occ = occupancy(job.runtime_h)
+        cands = _allowed(self.clouds, job.allowed)
+        if self.policy == "price":
+            best = self._cheapest_start(job, now, occ, cands)
+        else:
+            best = self._least_loaded_start(job, now, occ, cands)
+        if best is None and self.policy == "price" and bump and self.pending and self._give_way(job, now, cands):
+            return
+        if best is None:  # meets no deadline: as early as possible anywhere allowed
+            best = self._earliest_start(job, now, occ, cands)
+        if best is None:
+            self.out.misses.append(job.name)
+            self.out.unplaced.append(job.name)
+            return
+        self._reserve(job, now, occ, *best)
+
+    def _cheapest_start(self, job: TrainingJob, now: int, occ: np.ndarray, cands: list[int]) -> tuple[int, int] | None:
+        """(cloud, start) of least expected cost whose devices are free and which meets the deadline.
+
+        A deferrable job first looks only within ``1 - headroom`` of each cloud, keeping room for urgent work.
+        """
+        rates = self.rates_at(now)
+        last_ok = job.last_start
+        deferrable = job.deadline - job.arrival - job.runtime_h >= self.deferrable_slack_h
+        share = 1.0 - self.headroom if deferrable and now < last_ok else 1.0
+        best = None
+        for c in cands:
+            starts = self.cal.feasible_starts(c, now, last_ok, job.devices, occ, share)
+            if not starts and share < 1.0:
+                starts = self.cal.feasible_starts(c, now, last_ok, job.devices, occ)
+            if not starts:
+                continue
+            cost = _window_cost(rates[c], occ)
+            for s in starts:
+                key = (cost[s] * job.devices, s, c)
+                if best is None or key < best[0]:
+                    best = (key, c, s)
+        return None if best is None else best[1:]
+
+    def _least_loaded_start(self, job: TrainingJob, now: int, occ: np.ndarray, cands: list[int]) -> tuple[int, int] | None:
+        """(cloud, start) as soon as possible, preferring a start that meets the deadline, then the least-loaded cloud now."""
+        best = None
+        for c in cands:
+            starts = self.cal.feasible_starts(c, now, self.horizon - 1, job.devices, occ)
+            if not starts:
+                continue
+            s = starts[0]
+            load = self.cal.used[c, now] / self.cal.cap[c]
+            key = (s > job.last_start, s, load, c)
+            if best is None or key < best[0]:
+                best = (key, c, s)
+        return None if best is None else best[1:]
+
+    def _earliest_start(self, job: TrainingJob, now: int, occ: np.ndarray, cands: list[int]) -> tuple[int, int] | None:
+        """(cloud, start) of the earliest start anywhere allowed, deadline or not."""
+        best = None
+        for c in cands:
+            starts = self.cal.feasible_starts(c, now, self.horizon - 1, job.devices, occ)
+            if starts and (best is None or starts[0] < best[1]):
+                best = (c, starts[0])
+        return best
+
+    def _give_way(self, job: TrainingJob, now: int, cands: list[int]) -> bool:
+        """Release the unstarted reservations on ``cands``, place ``job``, then decide them again (earliest deadline first).
+
+        False, with nothing changed, when there is no such reservation.
+        """
+        released = self._release_unstarted(now, cands)
+        if not released:
+            return False
+        self.place_training(job, now, bump=False)
+        self._decide_again(released, now, bump=False)
+        return True
+
+    def _release_unstarted(self, now: int, cands: list[int] | None = None) -> list[tuple[TrainingJob, int, int]]:
+        """Take back the reservations starting after ``now`` (on ``cands`` when given): their devices are free again."""
+        released = [self.pending.pop(n) for n in list(self.pending)
+                    if self.pending[n][2] > now and (cands is None or self.pending[n][1] in cands)]
+        for job, c, s in released:
+            self.cal.reserve(c, s, job.devices, occupancy(job.runtime_h), sign=-1.0)
+            self.placed_training.pop(job.name)
+        return released
+
+    def _decide_again(self, released: list[tuple[TrainingJob, int, int]], now: int, bump: bool) -> None:
+        for job, _, _ in sorted(released, key=lambda x: (x[0].deadline, x[0].name)):
+            self.place_training(job, now, bump=bump)
+
+    def _reserve(self, job: TrainingJob, now: int, occ: np.ndarray, c: int, s: int) -> None:
+        self.cal.reserve(c, s, job.devices, occ)
+        self.placed_training[job.name] = Placement(job.name, self.clouds[c].name, s, job.devices * job.runtime_h,
+                                                   s + job.runtime_h, job.devices)
+        if s > now:
+            self.pending[job.name] = (job, c, s)
+
+    def place_batch(self, b: BatchJob, now: int) -> None:
+        """Spread batch ``b`` over free device-hours from ``now``; a miss when some is left or runs past its deadline."""
+        cands = _allowed(self.clouds, b.allowed)
+        if self.policy == "price":
+            need = self._fill_cheapest(b, now, cands)
+        else:
+            need = self._fill_least_loaded(b, now, cands)
+        if need > 1e-6:
+            self.out.misses.append(b.name)
+            self.out.unplaced.append(b.name)
+        elif any(p.job == b.name and p.start >= b.deadline for p in self.out.placements):
+            self.out.misses.append(b.name)
+
+    def _fill_cheapest(self, b: BatchJob, now: int, cands: list[int]) -> float:
+        """Fill the cheapest free (cloud, hour) device-hours before the deadline; returns the work left."""
+        need = b.device_hours
+        rates = self.rates_at(now)
+        slots = sorted((rates[c, t], t, c) for c in cands for t in range(now, min(b.deadline, self.horizon)))
+        for _, t, c in slots:
+            if need <= 1e-9:
+                break
+            need = self._fill(b, c, t, need)
+        return need
+
+    def _fill_least_loaded(self, b: BatchJob, now: int, cands: list[int]) -> float:
+        """Fill hour by hour from ``now``, least-loaded cloud first, deadline or not; returns the work left."""
+        need = b.device_hours
+        for t in range(now, self.horizon):
+            if need <= 1e-9:
+                break
+            for c in sorted(cands, key=lambda c: (self.cal.used[c, t] / self.cal.cap[c], c)):
+                need = self._fill(b, c, t, need)
+                if need <= 1e-9:
+                    break
+        return need
+
+    def _fill(self, b: BatchJob, c: int, t: int, need: float) -> float:
+        """Run as much of ``need`` as cloud ``c`` has free at hour ``t``; returns what is left."""
+        take = min(need, self.cal.cap[c] - self.cal.used[c, t])
+        if take > 1e-9:
+            self.cal.used[c, t] += take
+            self.out.placements.append(Placement(b.name, self.clouds[c].name, t, take, t + 1, take))
+            need -= take
+        return need
+
+    def replan_at_publications(self, since: int, until: int, publish_hour_utc: int) -> None:
+        """Each publication of day-ahead prices in hours ``since+1 .. until`` re-plans what has not started."""
+        for h in range(since + 1, until + 1):
+            if (self.t0 + h) % 24 == publish_hour_utc:
+                self.forget_started(h)
+                self._replan_pending(h)
+
+    def _replan_pending(self, now: int) -> None:
+        if not self.pending:
+            return
+        self._decide_again(self._release_unstarted(now), now, bump=True)
+
+    def forget_started(self, now: int) -> None:
+        """Reservations started by ``now`` stay where they are: they are no longer pending."""
+        for n in [n for n, (_, _, s) in self.pending.items() if s <= now]:
+            self.pending.pop(n)
+
+    def finish(self, jobs: Sequence[TrainingJob]) -> Schedule:
+        """The schedule: training placements first, then the batches'; a training job ending past its deadline is a miss."""
+        out = self.out
+        out.placements = list(self.placed_training.values()) + out.placements
+        by_name = {j.name: j for j in jobs}
+        for p in self.placed_training.values():
+            if p.end > by_name[p.job].deadline + 1e-9 and p.job not in out.misses:
+                out.misses.append(p.job)
+        return out
+
+
 def schedule(policy: str, jobs: Sequence[TrainingJob], batches: Sequence[BatchJob], clouds: Sequence[CloudSpec],
              horizon: int, view: PriceView | None = None, t0: int = 0, replan: bool = False,
              publish_hour_utc: int = 12, headroom: float = 0.0, deferrable_slack_h: float = 6.0) -> Schedule:
-    """Run ``policy`` ("price" or "least-loaded") online over the jobs; see the module docstring.
+    """Run ``policy`` ("price", "price-lp" or "least-loaded") online over the jobs; see the module docstring.
 
     ``view(region, decision_hour, start, hours)`` gives the prices (USD/MWh)
     a decision at absolute hour ``decision_hour`` sees for absolute hours
@@ -182,159 +395,25 @@ def schedule(policy: str, jobs: Sequence[TrainingJob], batches: Sequence[BatchJo
     """
     if policy not in ("price", "price-lp", "least-loaded"):
         raise ValueError(f"unknown policy {policy!r}; expected 'price', 'price-lp' or 'least-loaded'")
-    if policy == "price-lp":
-        if view is None:
-            raise ValueError("the price-aware policy needs a price view")
-        return schedule_rolling(jobs, batches, clouds, horizon, view, t0)
-    if policy == "price" and view is None:  # greedy
+    if policy in ("price", "price-lp") and view is None:
         raise ValueError("the price-aware policy needs a price view")
-    cal = _Calendar(clouds, horizon)
-    out = Schedule(policy)
+    if policy == "price-lp":
+        return schedule_rolling(jobs, batches, clouds, horizon, view, t0)
+    state = _Greedy(policy, clouds, horizon, view, t0, headroom, deferrable_slack_h)
     events = sorted([(j.arrival, 0, i) for i, j in enumerate(jobs)] + [(b.arrival, 1, i) for i, b in enumerate(batches)])
-    pending: dict[str, tuple[TrainingJob, int, int]] = {}  # reserved, not started: name -> (job, cloud, start)
-    placed_training: dict[str, Placement] = {}
-
-    def energy_rates(decision: int) -> np.ndarray:
-        """Expected USD per device-hour (rental + energy) per cloud over the horizon, as seen at ``decision``."""
-        rates = np.empty((len(clouds), horizon))
-        for ci, c in enumerate(clouds):
-            p = np.asarray(view(c.region, t0 + decision, t0, horizon), dtype=float)
-            rates[ci] = c.rental + energy_price_per_device_hour(c.power_w, 1.0, c.pue) * p
-        return rates
-
-    rate_cache: dict[int, np.ndarray] = {}
-
-    def rates_at(decision: int) -> np.ndarray:
-        # knowledge changes only at publication and at midnight: cache per decision hour
-        if decision not in rate_cache:
-            rate_cache[decision] = energy_rates(decision)
-        return rate_cache[decision]
-
-    def place_training(job: TrainingJob, now: int, bump: bool = True) -> None:
-        occ = occupancy(job.runtime_h)
-        last_ok = job.last_start
-        cands = _allowed(clouds, job.allowed)
-        best = None
-        if policy == "price":
-            rates = rates_at(now)
-            deferrable = job.deadline - job.arrival - job.runtime_h >= deferrable_slack_h
-            share = 1.0 - headroom if deferrable and now < last_ok else 1.0
-            for c in cands:
-                starts = cal.feasible_starts(c, now, last_ok, job.devices, occ, share)
-                if not starts and share < 1.0:
-                    starts = cal.feasible_starts(c, now, last_ok, job.devices, occ)
-                if not starts:
-                    continue
-                cost = _window_cost(rates[c], occ)
-                for s in starts:
-                    key = (cost[s] * job.devices, s, c)
-                    if best is None or key < best[0]:
-                        best = (key, c, s)
-        else:
-            for c in cands:
-                starts = cal.feasible_starts(c, now, horizon - 1, job.devices, occ)
-                if not starts:
-                    continue
-                s = starts[0]
-                load = cal.used[c, now] / cal.cap[c]
-                key = (s > last_ok, s, load, c)
-                if best is None or key < best[0]:
-                    best = (key, c, s)
-        if best is None and policy == "price" and bump and pending:
-            # no room before the deadline: reservations that have not started yet give way (and are
-            # decided again, earliest deadline first, right after this job)
-            released = [pending.pop(n) for n in list(pending) if pending[n][2] > now and pending[n][1] in cands]
-            if released:
-                for other, c, s in released:
-                    cal.reserve(c, s, other.devices, occupancy(other.runtime_h), sign=-1.0)
-                    placed_training.pop(other.name)
-                place_training(job, now, bump=False)
-                for other, _, _ in sorted(released, key=lambda x: (x[0].deadline, x[0].name)):
-                    place_training(other, now, bump=False)
-                return
-        if best is None:  # meets no deadline: as early as possible anywhere allowed
-            for c in cands:
-                starts = cal.feasible_starts(c, now, horizon - 1, job.devices, occ)
-                if starts and (best is None or starts[0] < best[2]):
-                    best = ((), c, starts[0])
-        if best is None:
-            out.misses.append(job.name)
-            out.unplaced.append(job.name)
-            return
-        _, c, s = best
-        cal.reserve(c, s, job.devices, occ)
-        placed_training[job.name] = Placement(job.name, clouds[c].name, s, job.devices * job.runtime_h,
-                                              s + job.runtime_h, job.devices)
-        if s > now:
-            pending[job.name] = (job, c, s)
-
-    def place_batch(b: BatchJob, now: int) -> None:
-        need = b.device_hours
-        cands = _allowed(clouds, b.allowed)
-        if policy == "price":
-            rates = rates_at(now)
-            slots = sorted((rates[c, t], t, c) for c in cands for t in range(now, min(b.deadline, horizon)))
-            for _, t, c in slots:
-                if need <= 1e-9:
-                    break
-                take = min(need, cal.cap[c] - cal.used[c, t])
-                if take > 1e-9:
-                    cal.used[c, t] += take
-                    out.placements.append(Placement(b.name, clouds[c].name, t, take, t + 1, take))
-                    need -= take
-        else:
-            for t in range(now, horizon):
-                if need <= 1e-9:
-                    break
-                for c in sorted(cands, key=lambda c: (cal.used[c, t] / cal.cap[c], c)):
-                    take = min(need, cal.cap[c] - cal.used[c, t])
-                    if take > 1e-9:
-                        cal.used[c, t] += take
-                        out.placements.append(Placement(b.name, clouds[c].name, t, take, t + 1, take))
-                        need -= take
-                    if need <= 1e-9:
-                        break
-        if need > 1e-6:
-            out.misses.append(b.name)
-            out.unplaced.append(b.name)
-        elif any(p.job == b.name and p.start >= b.deadline for p in out.placements):
-            out.misses.append(b.name)
-
-    def replan_pending(now: int) -> None:
-        if not pending:
-            return
-        todo = [pending.pop(n) for n in list(pending) if pending[n][2] > now]
-        for job, c, s in todo:
-            cal.reserve(c, s, job.devices, occupancy(job.runtime_h), sign=-1.0)
-            placed_training.pop(job.name)
-        for job, _, _ in sorted(todo, key=lambda x: (x[0].deadline, x[0].name)):
-            place_training(job, now)
-
     last_time = None
     for arrival, kind, i in events:
         if arrival >= horizon:
             raise ValueError(f"job arrives at hour {arrival}, beyond the horizon of {horizon} h")
         if replan and policy == "price" and last_time is not None:
-            # every publication of day-ahead prices since the last decision re-plans what has not started
-            for h in range(last_time + 1, arrival + 1):
-                if (t0 + h) % 24 == publish_hour_utc:
-                    for n in [n for n, (_, _, s) in pending.items() if s <= h]:
-                        pending.pop(n)  # started already: stays where it is
-                    replan_pending(h)
+            state.replan_at_publications(last_time, arrival, publish_hour_utc)
         last_time = arrival
-        for n in [n for n, (_, _, s) in pending.items() if s <= arrival]:
-            pending.pop(n)
+        state.forget_started(arrival)
         if kind == 0:
-            place_training(jobs[i], arrival)
+            state.place_training(jobs[i], arrival)
         else:
-            place_batch(batches[i], arrival)
-    out.placements = list(placed_training.values()) + out.placements
-    by_name = {j.name: j for j in jobs}
-    for p in placed_training.values():
-        if p.end > by_name[p.job].deadline + 1e-9 and p.job not in out.misses:
-            out.misses.append(p.job)
-    return out
-
+            state.place_batch(batches[i], arrival)
+    return state.finish(jobs)
 
 @dataclass
 class Accounting:
@@ -459,333 +538,445 @@ def optimum(jobs: Sequence[TrainingJob], batches: Sequence[BatchJob], clouds: Se
     return Optimum(float(res.fun), "optimal", split, x)
 
 
-def schedule_rolling(jobs: Sequence[TrainingJob], batches: Sequence[BatchJob], clouds: Sequence[CloudSpec], horizon: int,
-                     view: PriceView, t0: int = 0, start_threshold: float = 0.5, miss_penalty: float = 1e3,
-                     margin_h: int = 1, preempt: bool = True, preempt_overhead_h: float = 0.25,
-                     preempt_min_slack_h: float = 12.0, big_share: float = 0.5, hold_headroom: float = 0.25,
-                     milp_time_limit_s: float = 10.0, expect_arrivals: bool = True,
-                     last_resort_slack_h: float = 3.0) -> Schedule:
-    """The online price-aware policy as a rolling linear program (``policy="price-lp"`` of ``schedule``).
 
-    Every hour ``now``, the work that has arrived and not started -- training
-    jobs and the rest of each batch -- is planned by an LP over the hours from
-    ``now`` on, with the prices a decision at ``now`` sees (``view``: day-ahead
-    prices already published, a forecast beyond), the devices left by the work
-    already started, and the deadlines (each job may also stay unserved at a
-    large penalty, so the LP is always feasible). The starts at ``now`` are
-    whole (a mixed-integer program: a job starts now on one cloud or not at
-    all, within the free devices; later hours stay fractional), because a
-    relaxed plan splits jobs over the cheap devices and rounding it started
-    the remainder on dearer clouds. Only the plan for ``now`` is carried out:
-    a training job starts now on the cloud the plan gives it at ``now`` (a
-    job not yet due never on another one), or, when it is due, on the
-    cheapest cloud where it fits; the batches' device-hours planned for
-    ``now`` run.
-    Everything else waits for the next hour, when it is planned again with
-    what is known then. With ``expect_arrivals``, the plan also holds the
-    work expected in the next 24 h, forecast seasonal-naively like the
-    prices (the training jobs that arrived in the last 24 h, a day later):
-    it is never run, but it keeps the room on the cheap clouds that urgent
-    arrivals will need, instead of filling them with work that could wait. Work not started holds no devices (but for the
-    holds below), so urgent arrivals are seldom blocked by deferrable work
-    that has not started.
+@dataclass(frozen=True)
+class _RollingKnobs:
+    """The settings of the rolling policy; each is described in ``schedule_rolling``."""
 
-    A job due soon (``now`` within ``margin_h`` of its last start that meets
-    the deadline) that the plan puts in a later hour has that (cloud, start)
-    reserved now, so that the cheap hour it waited for stays its own, if that
-    leaves ``hold_headroom`` of the cloud's devices free in those hours for
-    urgent work still to come; otherwise it takes the cheapest of starting
-    now and holding another start before its last one that leaves that
-    room (``milp_time_limit_s`` bounds each hour's solve; past it, the
-    relaxation's plan is used). Starting every such job ``margin_h`` before its last start
-    gave up the cheapest hours of most deferrable jobs (the LP tends to plan
-    them at the end of their windows); holding them all filled the cheap
-    hours so that urgent arrivals missed their deadlines. With
-    ``preempt``, a job that must start now and finds no room may pause
-    running jobs whose deadlines leave at least ``preempt_min_slack_h`` of
-    slack (they checkpoint; the rest of their run, plus
-    ``preempt_overhead_h`` of redone work, is planned again like new work);
-    when that is not enough, as a last resort, it may also pause jobs with at
-    least ``last_resort_slack_h`` of slack. Pausing only the jobs with a lot
-    of slack missed big urgent jobs on clouds full of work running late in its
-    window. With that last resort, a due job can wait until ``margin_h`` = 1 h
-    before its last start (rather than 2 h) for the plan's cheap hour: over
-    six weeks of 2023 that saved more with no more misses.
-    Paused jobs run in two or more pieces, which the contiguous-start LP of
-    ``optimum`` does not model; pauses are few and cost the redone work.
+    start_threshold: float
+    miss_penalty: float
+    margin_h: int
+    preempt: bool
+    preempt_overhead_h: float
+    preempt_min_slack_h: float
+    last_resort_slack_h: float
+    big_share: float
+    hold_headroom: float
+    milp_time_limit_s: float
+    expect_arrivals: bool
 
-    A job that must start and finds no room even after pausing others holds
-    the earliest start where its devices are free (a reservation later work
-    cannot take) when that start meets its deadline; otherwise it tries again
-    next hour (work ends, pausing may then make room) until its last start,
-    when it takes that hold anyway. A job needing at least ``big_share`` of the devices of every cloud it may
-    use is hard to fit later (a cloud must drain for it): it is reserved at
-    arrival instead, at the (cloud, start) of least expected cost before its
-    deadline where its devices are free, and that reservation is kept.
+
+class _HourPlan:
+    """One hour's plan of the rolling policy: a mixed-integer LP, built variable by variable.
+
+    A training variable is the share of a job started at (cloud, offset), a
+    batch variable the device-hours of a batch at (cloud, offset); offsets are
+    hours from ``now``. Each job and batch also has an *unserved* variable
+    (cloud -1) at ``miss_penalty`` per device-hour, so the LP is always feasible.
+    A variable's owner is the job's index in the pending list, ``-1 - b`` for
+    batch ``b``, or ``_EXPECTED``.
     """
-    from scipy.optimize import Bounds, LinearConstraint, linprog, milp
-    from scipy.sparse import coo_matrix
 
-    nC = len(clouds)
-    cal = _Calendar(clouds, horizon)
-    out = Schedule("price-lp")
-    arrivals = sorted(range(len(jobs)), key=lambda i: (jobs[i].arrival, i))
-    b_arrivals = sorted(range(len(batches)), key=lambda i: (batches[i].arrival, i))
-    pending: list[TrainingJob] = []
-    remaining: dict[int, float] = {}
-    ji = bi = 0
-    first = min([j.arrival for j in jobs] + [b.arrival for b in batches], default=0)
-    placed: list[Placement] = []
-    running: dict[str, tuple[Placement, TrainingJob, int]] = {}
-    paused: set[str] = set()  # paused once: not paused again
+    def __init__(self, clouds: Sequence[CloudSpec], now: int, horizon: int, rates: np.ndarray, miss_penalty: float):
+        self.clouds = clouds
+        self.now = now
+        self.horizon = horizon
+        self.span = horizon - now
+        self.rates = rates
+        self.miss_penalty = miss_penalty
+        self.cost: list[float] = []
+        self.rows: list[int] = []  # capacity rows: cloud * span + offset
+        self.cols: list[int] = []
+        self.vals: list[float] = []
+        self.eq_r: list[int] = []  # one equality row per job or batch: its variables add up to its work
+        self.eq_c: list[int] = []
+        self.b_eq: list[float] = []
+        self.var_job: list[tuple[int, int, int]] = []  # (owner, cloud, offset); (owner, -1, -1) when unserved
 
-    def _make_room(job: TrainingJob, occ: np.ndarray, now: int, cands: list[int], rates: np.ndarray,
-                   min_slack_h: float) -> int | None:
-        """Pause running jobs with ``min_slack_h`` of slack (they checkpoint and are planned again) to start ``job`` now."""
-        for c in sorted(cands, key=lambda c: rates[c, 0]):
-            victims = []
-            for name, (p, other, oc) in running.items():
-                if oc != c or p.end <= now + 1e-9 or p.start >= now or name in paused:
-                    continue
-                left = p.end - now + preempt_overhead_h
-                slack = other.deadline - now - left
-                if slack >= min_slack_h:
-                    victims.append((-slack, name))
-            if not victims:
+    def _var(self, owner: int, c: int, s: int, cost: float) -> int:
+        """A new variable of ``owner``'s equality row; returns its column."""
+        v = len(self.cost)
+        self.cost.append(cost)
+        self.eq_r.append(len(self.b_eq))
+        self.eq_c.append(v)
+        self.var_job.append((owner, c, s))
+        return v
+
+    def _uses(self, v: int, c: int, s: int, devices: float) -> None:
+        """Variable ``v`` takes ``devices`` per unit on cloud ``c`` at offset ``s``."""
+        self.rows.append(c * self.span + s)
+        self.cols.append(v)
+        self.vals.append(devices)
+
+    def add_training(self, owner: int, job: TrainingJob) -> None:
+        occ = occupancy(job.runtime_h)
+        last = min(job.last_start, self.horizon - len(occ)) - self.now
+        for c in _allowed(self.clouds, job.allowed):
+            if job.devices > self.clouds[c].devices + 1e-9 or last < 0:
                 continue
-            trial = cal.used[c].copy()
-            chosen_victims = []
-            for _, name in sorted(victims):
-                p, other, _ = running[name]
-                tail = occupancy(other.runtime_h)[now - p.start:]
-                trial[now:now + len(tail)] -= p.devices * tail
-                chosen_victims.append(name)
-                end = now + len(occ)
-                if end <= horizon and np.all(trial[now:end] + job.devices * occ <= cal.cap[c] + 1e-9):
-                    break
+            wc = _window_cost(self.rates[c], occ)
+            for s in range(max(0, job.arrival - self.now), last + 1):
+                v = self._var(owner, c, s, job.devices * wc[s])
+                for k, o in enumerate(occ):
+                    self._uses(v, c, s + k, job.devices * o)
+        self._var(owner, -1, -1, self.miss_penalty * job.devices * max(job.runtime_h, 1.0))
+        self.b_eq.append(1.0)
+
+    def add_batch(self, b: int, batch: BatchJob, remaining: float) -> None:
+        for c in _allowed(self.clouds, batch.allowed):
+            for t in range(self.now, min(batch.deadline, self.horizon)):
+                v = self._var(-1 - b, c, t - self.now, self.rates[c, t - self.now])
+                self._uses(v, c, t - self.now, 1.0)
+        self._var(-1 - b, -1, -1, self.miss_penalty)
+        self.b_eq.append(remaining)
+
+    def solve(self, free: np.ndarray, time_limit_s: float) -> np.ndarray:
+        """The plan's variables, within ``free`` devices (cloud x offset).
+
+        The relaxation's solution when no whole one is found within ``time_limit_s``.
+        """
+        from scipy.optimize import Bounds, LinearConstraint, linprog, milp
+        from scipy.sparse import coo_matrix
+
+        n = len(self.cost)
+        a_ub = coo_matrix((self.vals, (self.rows, self.cols)), shape=(len(self.clouds) * self.span, n)).tocsr()
+        a_eq = coo_matrix((np.ones(len(self.eq_c)), (self.eq_r, self.eq_c)), shape=(len(self.b_eq), n)).tocsr()
+        # this hour's starts are whole (a job starts now on one cloud, or not), so a job is not split over the
+        # cheap devices with the rest left to dearer ones; the future stays fractional
+        now_starts = np.array([owner >= 0 and c >= 0 and s == 0 for owner, c, s in self.var_job], dtype=int)
+        res = milp(np.asarray(self.cost), integrality=now_starts, bounds=Bounds(0, np.inf),
+                   constraints=[LinearConstraint(a_ub, -np.inf, free.reshape(-1)),
+                                LinearConstraint(a_eq, np.asarray(self.b_eq), np.asarray(self.b_eq))],
+                   options={"time_limit": time_limit_s, "mip_rel_gap": 1e-3})
+        if res.x is None:  # no whole solution in time: the relaxation's plan, rounded by the caller
+            res = linprog(np.asarray(self.cost), A_ub=a_ub, b_ub=free.reshape(-1), A_eq=a_eq,
+                          b_eq=np.asarray(self.b_eq), bounds=(0, None), method="highs")
+        return res.x if res.x is not None else np.zeros(n)
+
+    def read(self, x: np.ndarray) -> tuple[dict[int, np.ndarray], dict[int, tuple[float, int, int]],
+                                          list[tuple[int, int, float]]]:
+        """What the solution ``x`` does now: each pending job's share started now per cloud, each pending job's
+        largest planned (share, cloud, offset), and each batch's (batch, cloud, device-hours) now."""
+        share_now: dict[int, np.ndarray] = {}
+        planned: dict[int, tuple[float, int, int]] = {}
+        batch_now: list[tuple[int, int, float]] = []
+        for v, (owner, c, s) in enumerate(self.var_job):
+            if owner >= 0 and c >= 0 and x[v] > planned.get(owner, (1e-9,))[0]:
+                planned[owner] = (x[v], c, s)
+            if c < 0 or s != 0 or x[v] <= 1e-9:
+                continue
+            if owner >= 0:
+                share_now.setdefault(owner, np.zeros(len(self.clouds)))[c] += x[v]
             else:
+                batch_now.append((-1 - owner, c, x[v]))
+        return share_now, planned, batch_now
+
+
+class _Rolling:
+    """The rolling policy's state from hour to hour: the device calendar, the work waiting, running and paused."""
+
+    def __init__(self, jobs: Sequence[TrainingJob], batches: Sequence[BatchJob], clouds: Sequence[CloudSpec],
+                 horizon: int, view: PriceView, t0: int, knobs: _RollingKnobs):
+        self.jobs = jobs
+        self.batches = batches
+        self.clouds = clouds
+        self.horizon = horizon
+        self.view = view
+        self.t0 = t0
+        self.k = knobs
+        self.cal = _Calendar(clouds, horizon)
+        self.out = Schedule("price-lp")
+        self.arrivals = sorted(range(len(jobs)), key=lambda i: (jobs[i].arrival, i))
+        self.b_arrivals = sorted(range(len(batches)), key=lambda i: (batches[i].arrival, i))
+        self.arrival_hours = [jobs[i].arrival for i in self.arrivals]
+        self.ji = self.bi = 0  # the next training job and batch to arrive, in arrival order
+        self.pending: list[TrainingJob] = []  # arrived, not started
+        self.pending_extra: list[TrainingJob] = []  # the rest of jobs paused this hour: pending from the next
+        self.remaining: dict[int, float] = {}  # batch -> device-hours not run yet
+        self.placed: list[Placement] = []
+        self.running: dict[str, tuple[Placement, TrainingJob, int]] = {}  # may be paused: name -> (placement, job, cloud)
+        self.paused: set[str] = set()  # paused once: not paused again
+
+    def run(self) -> Schedule:
+        """Plan and act hour by hour from the first arrival until all work is placed or the horizon ends."""
+        first = min([j.arrival for j in self.jobs] + [b.arrival for b in self.batches], default=0)
+        for now in range(first, self.horizon):
+            self.pending.extend(self.pending_extra)
+            self.pending_extra.clear()
+            rates = _expected_rates(self.clouds, self.view, self.t0 + now, self.t0 + now, self.horizon - now)
+            self._admit(now, rates)
+            if not self.pending and not any(v > 1e-9 for v in self.remaining.values()):
+                if self.ji >= len(self.arrivals) and self.bi >= len(self.b_arrivals):
+                    break
                 continue
-            for name in chosen_victims:
-                p, other, _ = running.pop(name)
-                tail = occupancy(other.runtime_h)[now - p.start:]
-                cal.reserve(c, now, p.devices, tail, sign=-1.0)
-                left = p.end - now
-                p.end, p.device_hours = float(now), p.devices * (now - p.start)
-                out.preempted.append(name)
-                paused.add(name)
-                pending_extra.append(TrainingJob(other.name, other.devices, left + preempt_overhead_h, now, other.deadline,
-                                                 other.allowed, other.home))
-            return c
-        return None
+            free = np.maximum(self.cal.cap[:, None] - self.cal.used[:, now:], 0.0)
+            plan = self._plan(now, rates)
+            share_now, planned, batch_now = plan.read(plan.solve(free, self.k.milp_time_limit_s))
+            self._run_batches(now, batch_now)
+            self._start_training(now, rates, share_now, planned)
+        return self._finish()
 
-    def _take(job: TrainingJob, c: int, st: int, occ: np.ndarray, kept: bool = False) -> None:
-        """Run (or hold) ``job`` on cloud ``c`` from ``st``; a ``kept`` reservation is never paused or released."""
-        cal.reserve(c, st, job.devices, occ)
-        placed.append(Placement(job.name, clouds[c].name, st, job.devices * job.runtime_h, st + job.runtime_h, job.devices))
-        if not kept:
-            running[job.name] = (placed[-1], job, c)
+    def _admit(self, now: int, rates: np.ndarray) -> None:
+        """The work arriving by ``now``: big training jobs are reserved at once, the rest waits to be planned."""
+        while self.ji < len(self.arrivals) and self.jobs[self.arrivals[self.ji]].arrival <= now:
+            j = self.jobs[self.arrivals[self.ji]]
+            self.ji += 1
+            if not self._reserve_big(j, now, rates):
+                self.pending.append(j)
+        while self.bi < len(self.b_arrivals) and self.batches[self.b_arrivals[self.bi]].arrival <= now:
+            b = self.b_arrivals[self.bi]
+            self.remaining[b] = self.batches[b].device_hours
+            self.bi += 1
 
-    def _cheapest_slot(job: TrainingJob, occ: np.ndarray, now: int, last_ok: int, rates: np.ndarray,
+    def _reserve_big(self, job: TrainingJob, now: int, rates: np.ndarray) -> bool:
+        """Reserve (for good) a job needing ``big_share`` of every cloud it may use at its cheapest free start.
+
+        Such a job is hard to fit later (a cloud must drain for it). False when it is not big or finds no such start.
+        """
+        cands = _allowed(self.clouds, job.allowed)
+        if not cands or job.devices < self.k.big_share * max(self.cal.cap[c] for c in cands):
+            return False
+        occ = occupancy(job.runtime_h)
+        best = self._cheapest_slot(job, occ, now, job.last_start, rates, 1.0)
+        if best is None:
+            return False  # planned hourly like the rest (and may pause others when it must start)
+        self._take(job, *best, occ, kept=True)
+        return True
+
+    def _expected(self, now: int) -> list[TrainingJob]:
+        """The work expected in the next 24 h, forecast seasonal-naively: the jobs of the last 24 h, a day later."""
+        if not self.k.expect_arrivals:
+            return []
+        recent = (self.jobs[i] for i in self.arrivals[bisect.bisect_right(self.arrival_hours, now - 24):self.ji])
+        return [TrainingJob(j.name, j.devices, j.runtime_h, j.arrival + 24, j.deadline + 24, j.allowed, j.home)
+                for j in recent]
+
+    def _plan(self, now: int, rates: np.ndarray) -> _HourPlan:
+        """This hour's LP: the pending jobs, the expected ones (planned, never run) and the rest of each batch."""
+        plan = _HourPlan(self.clouds, now, self.horizon, rates, self.k.miss_penalty)
+        for pj, job in [*enumerate(self.pending), *((_EXPECTED, j) for j in self._expected(now))]:
+            plan.add_training(pj, job)
+        for b in [b for b, r in self.remaining.items() if r > 1e-9]:
+            plan.add_batch(b, self.batches[b], self.remaining[b])
+        return plan
+
+    def _run_batches(self, now: int, batch_now: list[tuple[int, int, float]]) -> None:
+        """Run the batches' device-hours the plan gives this hour, within the devices free now."""
+        for b, c, amount in batch_now:
+            take = min(amount, self.remaining[b], self.cal.cap[c] - self.cal.used[c, now])
+            if take > 1e-9:
+                self.cal.used[c, now] += take
+                self.remaining[b] -= take
+                self.placed.append(Placement(self.batches[b].name, self.clouds[c].name, now, take, now + 1, take))
+
+    def _start_training(self, now: int, rates: np.ndarray, share_now: dict[int, np.ndarray],
+                        planned: dict[int, tuple[float, int, int]]) -> None:
+        """Start or hold the jobs the plan starts now and those due; due ones first, then the largest share now."""
+        order = sorted(range(len(self.pending)),
+                       key=lambda pj: (now < self.pending[pj].last_start - self.k.margin_h,
+                                       -share_now.get(pj, np.zeros(1)).sum(), self.pending[pj].deadline))
+        still: list[TrainingJob] = []
+        for pj in order:
+            if not self._decide(self.pending[pj], now, rates, share_now.get(pj), planned.get(pj)):
+                still.append(self.pending[pj])
+        self.pending = still
+
+    def _decide(self, job: TrainingJob, now: int, rates: np.ndarray, sh: np.ndarray | None,
+                planned: tuple[float, int, int] | None) -> bool:
+        """Start or hold ``job`` now, or leave it for the next hour (False).
+
+        ``sh``: its share the plan starts now per cloud; ``planned``: its largest planned (share, cloud, offset).
+        A job is due within ``margin_h`` of its last start that meets the deadline.
+        """
+        occ = occupancy(job.runtime_h)
+        last_ok = job.last_start
+        must = now >= last_ok - self.k.margin_h
+        not_now = sh is None or sh.sum() < self.k.start_threshold
+        if not must and not_now:
+            return False
+        if not_now and planned is not None and planned[2] > 0 and self._hold_planned(job, occ, now, rates, planned):
+            return True
+        chosen = self._cloud_now(job, occ, now, rates, sh, must)
+        if chosen is None and must and self._hold_earliest(job, occ, now):
+            return True
+        if chosen is None:  # no room now: tried again next hour (a miss once past its last start)
+            if now > last_ok:
+                self._miss(job.name)
+            return False
+        self._take(job, chosen, now, occ)
+        if now + job.runtime_h > job.deadline + 1e-9:
+            self._miss(job.name)
+        return True
+
+    def _hold_planned(self, job: TrainingJob, occ: np.ndarray, now: int, rates: np.ndarray,
+                      planned: tuple[float, int, int]) -> bool:
+        """A due job the plan puts in a later hour reserves that (cloud, start), so the cheap hour it waited for
+        stays its own, if ``hold_headroom`` of the cloud stays free for urgent work; else the cheapest of
+        starting now and holding another start in time that leaves that room. False when neither is possible."""
+        _, c, later = planned
+        if self.cal.feasible_starts(c, now + later, now + later, job.devices, occ, 1.0 - self.k.hold_headroom):
+            self._take(job, c, now + later, occ)
+            return True
+        best = self._cheapest_slot(job, occ, now, job.last_start, rates, 1.0 - self.k.hold_headroom)
+        if best is not None:
+            self._take(job, *best, occ)
+            return True
+        return False
+
+    def _cloud_now(self, job: TrainingJob, occ: np.ndarray, now: int, rates: np.ndarray, sh: np.ndarray | None,
+                   must: bool) -> int | None:
+        """The cloud ``job`` starts on now: one the plan puts it on now (largest share first) where it fits; when
+        it is due (``must``) any other, cheapest first, and then one where pausing running jobs makes room."""
+        cands = _allowed(self.clouds, job.allowed)
+        span = self.horizon - now
+        prefs = [int(c) for c in np.argsort(-sh) if sh[c] > 1e-9 and c in cands] if sh is not None else []
+        rest = sorted((c for c in cands if c not in prefs),
+                      key=lambda c: _window_cost(rates[c], occ)[0] if len(occ) <= span else 0) if must else []
+        for c in prefs + rest:
+            if self.cal.fits(c, now, job.devices, occ):
+                return c
+        if not (must and self.k.preempt):
+            return None
+        chosen = self._make_room(job, occ, now, cands, rates, self.k.preempt_min_slack_h)
+        if chosen is None:  # the last resort: jobs with less slack
+            chosen = self._make_room(job, occ, now, cands, rates, self.k.last_resort_slack_h)
+        return chosen
+
+    def _hold_earliest(self, job: TrainingJob, occ: np.ndarray, now: int) -> bool:
+        """A due job with no room now, even after pausing, holds the earliest start where its devices are free
+        (a reservation later work cannot take) when that meets its deadline, or anyway from its last start on.
+        False when it is to try again next hour."""
+        early = None
+        for c in _allowed(self.clouds, job.allowed):
+            st = self.cal.feasible_starts(c, now + 1, self.horizon - 1, job.devices, occ)
+            if st and (early is None or st[0] < early[1]):
+                early = (c, st[0])
+        late = early is not None and early[1] + job.runtime_h > job.deadline + 1e-9
+        if early is None or (late and now < job.last_start):
+            return False
+        self._take(job, *early, occ, kept=True)
+        if late:
+            self._miss(job.name)
+        return True
+
+    def _cheapest_slot(self, job: TrainingJob, occ: np.ndarray, now: int, last_ok: int, rates: np.ndarray,
                        later_share: float) -> tuple[int, int] | None:
         """(cloud, start) of least expected cost: now where the devices are free, or a later start by
         ``last_ok`` that leaves ``1 - later_share`` of the cloud free."""
         best = None
-        for c in _allowed(clouds, job.allowed):
+        for c in _allowed(self.clouds, job.allowed):
             if len(occ) > rates.shape[1]:
                 continue
             wc = _window_cost(rates[c], occ)
-            starts = ([now] if cal.fits(c, now, job.devices, occ) else []) + cal.feasible_starts(
+            starts = ([now] if self.cal.fits(c, now, job.devices, occ) else []) + self.cal.feasible_starts(
                 c, now + 1, min(last_ok, now + len(wc) - 1), job.devices, occ, later_share)
             for st in starts:
                 if best is None or wc[st - now] < best[0]:
                     best = (wc[st - now], c, st)
         return None if best is None else best[1:]
 
-    def reserve_big(job: TrainingJob, now: int, rates: np.ndarray) -> bool:
-        cands = _allowed(clouds, job.allowed)
-        if not cands or job.devices < big_share * max(cal.cap[c] for c in cands):
-            return False
-        occ = occupancy(job.runtime_h)
-        best = _cheapest_slot(job, occ, now, job.last_start, rates, 1.0)
-        if best is None:
-            return False  # planned hourly like the rest (and may pause others when it must start)
-        _take(job, *best, occ, kept=True)
-        return True
+    def _take(self, job: TrainingJob, c: int, st: int, occ: np.ndarray, kept: bool = False) -> None:
+        """Run (or hold) ``job`` on cloud ``c`` from ``st``; a ``kept`` reservation is never paused or released."""
+        self.cal.reserve(c, st, job.devices, occ)
+        self.placed.append(Placement(job.name, self.clouds[c].name, st, job.devices * job.runtime_h,
+                                     st + job.runtime_h, job.devices))
+        if not kept:
+            self.running[job.name] = (self.placed[-1], job, c)
 
-    pending_extra: list[TrainingJob] = []
-    arrival_hours = [jobs[i].arrival for i in arrivals]
-    for now in range(first, horizon):
-        pending.extend(pending_extra)
-        pending_extra.clear()
-        span = horizon - now
-        rates = np.empty((nC, span))  # expected USD per device-hour, as seen now
-        for ci, c in enumerate(clouds):
-            p = np.asarray(view(c.region, t0 + now, t0 + now, span), dtype=float)
-            rates[ci] = c.rental + energy_price_per_device_hour(c.power_w, 1.0, c.pue) * p
-        while ji < len(arrivals) and jobs[arrivals[ji]].arrival <= now:
-            j = jobs[arrivals[ji]]
-            ji += 1
-            if not reserve_big(j, now, rates):
-                pending.append(j)
-        while bi < len(b_arrivals) and batches[b_arrivals[bi]].arrival <= now:
-            remaining[b_arrivals[bi]] = batches[b_arrivals[bi]].device_hours
-            bi += 1
-        if not pending and not any(v > 1e-9 for v in remaining.values()):
-            if ji >= len(arrivals) and bi >= len(b_arrivals):
-                break
-            continue
-        free = np.maximum(cal.cap[:, None] - cal.used[:, now:], 0.0)
-        cost, rows, cols, vals, eq_r, eq_c, b_eq = [], [], [], [], [], [], []
-        var_job: list[tuple[int, int, int]] = []  # (pending index or -1-batch, cloud, start offset)
-        # the work expected in the next 24 h (the jobs of the last 24 h, a day later) is planned too, never run
-        recent = (jobs[i] for i in arrivals[bisect.bisect_right(arrival_hours, now - 24):ji])
-        expected = [TrainingJob(j.name, j.devices, j.runtime_h, j.arrival + 24, j.deadline + 24, j.allowed, j.home)
-                    for j in recent] if expect_arrivals else []
-        for pj, job in [*enumerate(pending), *((_EXPECTED, j) for j in expected)]:
-            occ = occupancy(job.runtime_h)
-            last = min(job.last_start, horizon - len(occ)) - now
-            for c in _allowed(clouds, job.allowed):
-                if job.devices > clouds[c].devices + 1e-9 or last < 0:
-                    continue
-                wc = _window_cost(rates[c], occ)
-                for s in range(max(0, job.arrival - now), last + 1):
-                    v = len(cost)
-                    cost.append(job.devices * wc[s])
-                    for k, o in enumerate(occ):
-                        rows.append(c * span + s + k)
-                        cols.append(v)
-                        vals.append(job.devices * o)
-                    eq_r.append(len(b_eq))
-                    eq_c.append(v)
-                    var_job.append((pj, c, s))
-            v = len(cost)  # unserved
-            cost.append(miss_penalty * job.devices * max(job.runtime_h, 1.0))
-            eq_r.append(len(b_eq))
-            eq_c.append(v)
-            var_job.append((pj, -1, -1))
-            b_eq.append(1.0)
-        batch_ids = [b for b, r in remaining.items() if r > 1e-9]
-        for b in batch_ids:
-            bj = batches[b]
-            for c in _allowed(clouds, bj.allowed):
-                for t in range(now, min(bj.deadline, horizon)):
-                    v = len(cost)
-                    cost.append(rates[c, t - now])
-                    rows.append(c * span + t - now)
-                    cols.append(v)
-                    vals.append(1.0)
-                    eq_r.append(len(b_eq))
-                    eq_c.append(v)
-                    var_job.append((-1 - b, c, t - now))
-            v = len(cost)
-            cost.append(miss_penalty)
-            eq_r.append(len(b_eq))
-            eq_c.append(v)
-            var_job.append((-1 - b, -1, -1))
-            b_eq.append(remaining[b])
-        n = len(cost)
-        a_ub = coo_matrix((vals, (rows, cols)), shape=(nC * span, n)).tocsr()
-        a_eq = coo_matrix((np.ones(len(eq_c)), (eq_r, eq_c)), shape=(len(b_eq), n)).tocsr()
-        # this hour's starts are whole (a job starts now on one cloud, or not); the future stays fractional
-        now_starts = np.array([owner >= 0 and c >= 0 and s == 0 for owner, c, s in var_job], dtype=int)
-        res = milp(np.asarray(cost), integrality=now_starts, bounds=Bounds(0, np.inf),
-                   constraints=[LinearConstraint(a_ub, -np.inf, free.reshape(-1)),
-                                LinearConstraint(a_eq, np.asarray(b_eq), np.asarray(b_eq))],
-                   options={"time_limit": milp_time_limit_s, "mip_rel_gap": 1e-3})
-        if res.x is None:  # no whole solution in time: the relaxation's plan, rounded below
-            res = linprog(np.asarray(cost), A_ub=a_ub, b_ub=free.reshape(-1), A_eq=a_eq, b_eq=np.asarray(b_eq),
-                          bounds=(0, None), method="highs")
-        x = res.x if res.x is not None else np.zeros(n)
-        share_now: dict[int, np.ndarray] = {}
-        planned: dict[int, tuple[float, int, int]] = {}  # pending job -> its largest (share, cloud, start offset)
-        batch_now: list[tuple[int, int, float]] = []
-        for v, (owner, c, s) in enumerate(var_job):
-            if owner >= 0 and c >= 0 and x[v] > planned.get(owner, (1e-9,))[0]:
-                planned[owner] = (x[v], c, s)
-            if c < 0 or s != 0 or x[v] <= 1e-9:
+    def _make_room(self, job: TrainingJob, occ: np.ndarray, now: int, cands: list[int], rates: np.ndarray,
+                   min_slack_h: float) -> int | None:
+        """Pause running jobs with ``min_slack_h`` of slack (they checkpoint and are planned again) to start
+        ``job`` now, on the cloud cheapest now where that is enough; that cloud, or None."""
+        for c in sorted(cands, key=lambda c: rates[c, 0]):
+            victims = self._victims(job, occ, now, c, min_slack_h)
+            if victims is None:
                 continue
-            if owner >= 0:
-                share_now.setdefault(owner, np.zeros(nC))[c] += x[v]
-            else:
-                batch_now.append((-1 - owner, c, x[v]))
-        # batches: run what the plan gives this hour
-        for b, c, amount in batch_now:
-            take = min(amount, remaining[b], cal.cap[c] - cal.used[c, now])
-            if take > 1e-9:
-                cal.used[c, now] += take
-                remaining[b] -= take
-                placed.append(Placement(batches[b].name, clouds[c].name, now, take, now + 1, take))
-        # training jobs: start now where the plan says so (or must), largest share first
-        still: list[TrainingJob] = []
-        order = sorted(range(len(pending)), key=lambda pj: (now < pending[pj].last_start - margin_h,
-                                                            -share_now.get(pj, np.zeros(1)).sum(), pending[pj].deadline))
-        for pj in order:
-            job = pending[pj]
-            occ = occupancy(job.runtime_h)
-            last_ok = job.last_start
-            sh = share_now.get(pj)
-            must = now >= last_ok - margin_h
-            if not must and (sh is None or sh.sum() < start_threshold):
-                still.append(job)
+            for name in victims:
+                self._pause(name, c, now)
+            return c
+        return None
+
+    def _victims(self, job: TrainingJob, occ: np.ndarray, now: int, c: int, min_slack_h: float) -> list[str] | None:
+        """The fewest running jobs on cloud ``c``, most slack first, whose pausing frees room for ``job``; None when
+        pausing all with ``min_slack_h`` of slack (never paused before) is not enough."""
+        pausable = []
+        for name, (p, other, oc) in self.running.items():
+            if oc != c or p.end <= now + 1e-9 or p.start >= now or name in self.paused:
                 continue
-            if (sh is None or sh.sum() < start_threshold) and pj in planned and planned[pj][2] > 0:
-                # due soon but planned for a later (cheaper) hour: reserve that hour rather than start now
-                _, c, later = planned[pj]
-                if cal.feasible_starts(c, now + later, now + later, job.devices, occ, 1.0 - hold_headroom):
-                    _take(job, c, now + later, occ)
-                    continue
-                # that slot is gone: the cheapest of starting now anywhere and holding another start in time
-                best = _cheapest_slot(job, occ, now, last_ok, rates, 1.0 - hold_headroom)
-                if best is not None:
-                    _take(job, *best, occ)
-                    continue
-            cands = _allowed(clouds, job.allowed)
-            # a job not yet due starts only where the plan puts it now; a due one anywhere, cheapest first
-            prefs = [int(c) for c in np.argsort(-sh) if sh[c] > 1e-9 and c in cands] if sh is not None else []
-            rest = sorted((c for c in cands if c not in prefs), key=lambda c: _window_cost(rates[c], occ)[0] if len(occ) <= span else 0) if must else []
-            chosen = None
-            for c in prefs + rest:
-                if cal.fits(c, now, job.devices, occ):
-                    chosen = c
-                    break
-            if chosen is None and must and preempt:
-                chosen = _make_room(job, occ, now, cands, rates, preempt_min_slack_h)
-                if chosen is None:  # the last resort: jobs with less slack
-                    chosen = _make_room(job, occ, now, cands, rates, last_resort_slack_h)
-            if chosen is None and must:
-                # no room now even after pausing: hold the earliest start where its devices are free, so that
-                # later work cannot starve it; one that misses the deadline only once no later hour can do better
-                early = None
-                for c in cands:
-                    st = cal.feasible_starts(c, now + 1, horizon - 1, job.devices, occ)
-                    if st and (early is None or st[0] < early[1]):
-                        early = (c, st[0])
-                late = early is not None and early[1] + job.runtime_h > job.deadline + 1e-9
-                if early is not None and (not late or now >= last_ok):
-                    _take(job, *early, occ, kept=True)
-                    if late and job.name not in out.misses:
-                        out.misses.append(job.name)
-                    continue
-            if chosen is None:  # no room now: tried again next hour (a miss once past its last start)
-                if now > last_ok and job.name not in out.misses:
-                    out.misses.append(job.name)
-                still.append(job)
-                continue
-            _take(job, chosen, now, occ)
-            if now + job.runtime_h > job.deadline + 1e-9 and job.name not in out.misses:
-                out.misses.append(job.name)
-        pending = still
-    for job in pending:
-        if job.name not in out.misses:
-            out.misses.append(job.name)
-        out.unplaced.append(job.name)
-    for b, r in remaining.items():
-        if r > 1e-6:
-            out.misses.append(batches[b].name)
-            out.unplaced.append(batches[b].name)
-    by_b = {b.name: b for b in batches}
-    for p in placed:
-        if p.job in by_b and p.start >= by_b[p.job].deadline and p.job not in out.misses:
-            out.misses.append(p.job)
-    out.placements = placed
-    return out
+            left = p.end - now + self.k.preempt_overhead_h
+            slack = other.deadline - now - left
+            if slack >= min_slack_h:
+                pausable.append((-slack, name))
+        trial = self.cal.used[c].copy()
+        chosen = []
+        for _, name in sorted(pausable):
+            p, other, _ = self.running[name]
+            tail = occupancy(other.runtime_h)[now - p.start:]
+            trial[now:now + len(tail)] -= p.devices * tail
+            chosen.append(name)
+            end = now + len(occ)
+            if end <= self.horizon and np.all(trial[now:end] + job.devices * occ <= self.cal.cap[c] + 1e-9):
+                return chosen
+        return None
+
+    def _pause(self, name: str, c: int, now: int) -> None:
+        """Pause running job ``name`` at ``now``: it checkpoints, and the rest of its run plus ``preempt_overhead_h``
+        of redone work is pending from the next hour."""
+        p, other, _ = self.running.pop(name)
+        tail = occupancy(other.runtime_h)[now - p.start:]
+        self.cal.reserve(c, now, p.devices, tail, sign=-1.0)
+        left = p.end - now
+        p.end, p.device_hours = float(now), p.devices * (now - p.start)
+        self.out.preempted.append(name)
+        self.paused.add(name)
+        self.pending_extra.append(TrainingJob(other.name, other.devices, left + self.k.preempt_overhead_h, now,
+                                              other.deadline, other.allowed, other.home))
+
+    def _miss(self, name: str) -> None:
+        if name not in self.out.misses:
+            self.out.misses.append(name)
+
+    def _finish(self) -> Schedule:
+        """The schedule: work never started and batches with work left are misses (and unplaced), and so is a
+        batch run past its deadline."""
+        for job in self.pending:
+            self._miss(job.name)
+            self.out.unplaced.append(job.name)
+        for b, r in self.remaining.items():
+            if r > 1e-6:
+                self.out.misses.append(self.batches[b].name)
+                self.out.unplaced.append(self.batches[b].name)
+        by_b = {b.name: b for b in self.batches}
+        for p in self.placed:
+            if p.job in by_b and p.start >= by_b[p.job].deadline:
+                self._miss(p.job)
+        self.out.placements = self.placed
+        return self.out
+
+
+def schedule_rolling(jobs: Sequence[TrainingJob], batches: Sequence[BatchJob], clouds: Sequence[CloudSpec], horizon: int,
+                     view: PriceView, t0: int = 0, start_threshold: float = 0.5, miss_penalty: float = 1e3,
+                     margin_h: int = 1, preempt: bool = True, preempt_overhead_h: float = 0.25,
+                     preempt_min_slack_h: float = 12.0, big_share: float = 0.5, hold_headroom: float = 0.25,
+                     milp_time_limit_s: float = 10.0, expect_arrivals: bool = True,
+                     last_resort_slack_h: float = 3.0) -> Schedule:
+    """The online price-aware policy as a rolling plan (``policy="price-lp"`` of ``schedule``).
+
+    Every hour ``now``, the work that has arrived and not started (training
+    jobs, the rest of each batch) is planned by an LP over the hours from
+    ``now`` on, with the prices a decision at ``now`` sees (``view``), the
+    devices left by the work already started, and the deadlines. Only the
+    plan for ``now`` is carried out: the batches' device-hours planned now
+    run, and a training job starts on a cloud the plan puts it on now or,
+    once due, on the cheapest where it fits. The rest is planned again next
+    hour with what is known then and holds no devices meanwhile, so
+    deferrable work seldom blocks urgent arrivals. The exceptions are holds:
+    of a due job's planned later start, of a big job's start, and of the
+    earliest free start of a due job that finds no room even after pausing
+    others. A paused job runs in two or more pieces, which the
+    contiguous-start LP of ``optimum`` does not model.
+
+    * ``start_threshold``: a job not yet due starts now only when the plan starts at least this share of it now.
+    * ``miss_penalty``: cost (USD per device-hour) of leaving work unserved, so the LP is always feasible.
+    * ``margin_h``: a job is due this many hours before its last start that meets its deadline.
+    * ``hold_headroom``: a due job planned for a later hour holds that start if this share of the cloud stays free.
+    * ``preempt``: a due job with no room may pause running jobs with ``preempt_min_slack_h`` of slack, then,
+      as a last resort, ``last_resort_slack_h``; a paused job redoes ``preempt_overhead_h`` of work.
+    * ``big_share``: a job needing this share of every cloud it may use is reserved at arrival, for good.
+    * ``milp_time_limit_s``: bound on each hour's solve; past it, the relaxation's plan is used.
+    * ``expect_arrivals``: the plan also holds the work expected in the next 24 h (planned, never run), to keep
+      room on the cheap clouds for urgent arrivals.
+    """
+    knobs = _RollingKnobs(start_threshold, miss_penalty, margin_h, preempt, preempt_overhead_h, preempt_min_slack_h,
+                          last_resort_slack_h, big_share, hold_headroom, milp_time_limit_s, expect_arrivals)
+    return _Rolling(jobs, batches, clouds, horizon, view, t0, knobs).run()
