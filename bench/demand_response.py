@@ -1,15 +1,15 @@
 """Demand-response benchmark: a grid asks one cloud to cut its power mid-run; how fast and how deep, at what cost.
 
-A real cross-cloud training run (the engine's stages, ``pipeline.run_job``) on
+A real cross-cloud training run (the engine's stages, ``pipeline.stages.run_job``) on
 the embedded local clouds. Once ``--at-round`` rounds are committed, a request
 arrives to cut ``--cloud``'s power by ``--reduce-pct`` within ``--within-s``
-seconds. crosscloud plans the cheapest answer (``demand_response.plan_shed``:
+seconds. crosscloud plans the cheapest answer (``grid.demand_response.plan_shed``:
 throttle the cloud's devices under a power cap, or shift its share of the
 batch to the run's other clouds), tells the run's coordinator, and waits until
 the cloud's sub-task shows it in its round commits; after ``--hold-rounds``
 more rounds the request ends and the work is restored.
 
-Figures (local clouds' power is modelled: ``power.py``, fitted from the DVFS
+Figures (local clouds' power is modelled: ``crosscloud.energy.power``, fitted from the DVFS
 sweep in ``$CROSSCLOUD_DATA_DIR/power``):
 
 - ``time_to_shed_s``: from the request to the start of the first round the

@@ -1,6 +1,6 @@
 """Fault benchmark: a fixed schedule of injected faults against real runs; each must be detected, survived and lose nothing.
 
-Real cross-cloud training runs (the engine's stages, ``pipeline.run_job``) on a
+Real cross-cloud training runs (the engine's stages, ``pipeline.stages.run_job``) on a
 temporary federation of local clouds (a fresh state folder: stores, ledger and
 sub-tasks of their own), small model, few rounds. First a fault-free run of the
 seed, then one run per fault, each injected for real once ``--at-round`` rounds

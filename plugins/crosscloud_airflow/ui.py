@@ -6,7 +6,7 @@ a tab on every DAG run. Each route depends on Airflow's own authentication
 and authorization (the UI's JWT cookie or a bearer token, and read access to
 the DAG's runs): a request without them gets 401/403 and no data. The HTML is
 rendered on the server, fresh from the engine on each request
-(``inventory.collect``, ``runview``); the page needs no JavaScript.
+(``pool.inventory.collect``, ``tracking.run_report``); the page needs no JavaScript.
 """
 
 from __future__ import annotations

@@ -64,7 +64,7 @@ class JobSpec:
     fold_mix: float = 0.5
     compression: Literal["int8", "none"] = "int8"
     adapt_shares: bool = False
-    follow_prices: bool = False  # between rounds, a dear cloud's share may move to cheaper ones (price_shares)
+    follow_prices: bool = False  # between rounds, a dear cloud's share may move to cheaper ones (grid.following_prices)
 
     def __post_init__(self) -> None:
         checks = [

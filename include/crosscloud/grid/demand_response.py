@@ -8,14 +8,14 @@ planner weighs two actions by the training progress they cost per watt shed:
   round); the cloud's devices fall to idle power. It costs the run that
   cloud's throughput.
 - **throttle**: the cloud's devices run under a lower power cap; throughput
-  follows the measured DVFS curve (``power.PowerCurve``), so a 29 % cut in
+  follows the measured DVFS curve (``energy.power.PowerCurve``), so a 29 % cut in
   drawn power keeps about 90 % of the throughput.
 
 Both take effect at the run's next round (the coordinator publishes them with
 the next global checkpoint; workers read them when they start a round), so a
 request is feasible only if the run's round time fits its ``within_s``. Power
-is modelled (``power.py``); a cloud with ``power_metrics`` is metered as well
-(``power_metrics.py``: Prometheus, e.g. DCGM), and there the cut holds only
+is modelled (``energy.power``); a cloud with ``power_metrics`` is metered as well
+(``energy.metered``: Prometheus, e.g. DCGM), and there the cut holds only
 when the meter shows it. The directive and its effect are recorded in the
 run's store, where the verification reads them back.
 """

@@ -4,7 +4,7 @@ A run holds its devices on each of its clouds whether they train or not, so
 moving work is worth it only when what the whole run pays per unit of work
 falls: every held device's rental plus its draw (full power where it trains,
 idle where its share went) at the cloud's electricity price now x PUE
-(``power.effective_price``), over the throughput of the clouds that still
+(``energy.power.effective_price``), over the throughput of the clouds that still
 train. Taking a cloud's share away saves its energy but slows the run, and
 the rest of the devices' rental and draw lasts longer; with rental dominating
 it seldom pays, with owned devices (rental 0) and a price spike it does.

@@ -1,54 +1,12 @@
 """Price-aware placement and timing of deferrable work, a price-unaware reference, and the offline optimum.
 
-Time is in whole hours, indexed ``0 .. horizon-1`` from a start hour; each
-cloud has a fixed number of devices, a PUE, a full power per device and a
-rental. A **training job** needs ``devices`` for ``runtime_h`` hours (possibly
-fractional), run contiguously on one cloud from a whole-hour start ``s`` with
-``arrival <= s`` and ``s + runtime_h <= deadline``; in its last, partial hour
-it holds its devices for the fraction it runs (capacity is fluid within an
-hour: two half-hour jobs share a device-hour). A **batch inference job** is
-``device_hours`` of work, divisible over clouds and hours in
-``[arrival, deadline)``. ``allowed`` (residency) limits the clouds.
-
-Energy cost of a device-hour on cloud c at hour t:
-``power_w/1000 x price[c, t]/1000 x PUE`` (``crosscloud.energy.power``), i.e. the
-device at full power while it works; idle devices are not charged to the work.
-
-Policies (``schedule``):
-
-* ``"price"`` -- online and price-aware. Jobs are decided in arrival order at
-  their arrival hour, each seeing only what is known then
-  (``PriceOracle.view``: day-ahead prices known through the end of the next
-  UTC day after 12:00 UTC, else through the end of today; a seasonal-naive
-  forecast beyond; see ``crosscloud.energy.prices``). A training job takes the
-  (cloud, start) of least expected *effective* cost (rental + energy) whose
-  devices are free for its whole run and which meets its deadline; a batch
-  fills the cheapest free (cloud, hour) device-hours before its deadline.
-  Decisions are reservations: capacity is never oversubscribed. When a job
-  can meet its deadline nowhere, reservations that have not started yet (on
-  the clouds it may use) give way: they are released, the job is placed, and
-  they are decided again, earliest deadline first. ``headroom`` (default 0)
-  keeps that share of each cloud's devices out of reach of deferrable jobs
-  (slack >= ``deferrable_slack_h``) unless nothing else fits. With
-  ``replan=True``, reservations that have not started yet are reconsidered
-  each time new day-ahead prices are published (released and decided again,
-  earliest deadline first, with the then-known prices).
-* ``"least-loaded"`` -- the price-unaware reference: as soon as possible, on
-  the allowed cloud that is least loaded at the job's arrival among those
-  that can start it earliest; batches fill the least-loaded clouds hour by
-  hour from arrival.
-
-A job that can meet its deadline nowhere is still run as early as possible and
-counted as a deadline miss.
-
-``optimum`` solves the offline problem with perfect knowledge of the actual
-prices as a linear program (``scipy.optimize.linprog``, HiGHS): variables are
-the fraction of each training job started at each (cloud, start) and the
-device-hours of each batch at each (cloud, hour), with the same capacities,
-deadlines and residency. Fractions may split a training job over several
-starts/clouds (the LP relaxation of the integral problem), so its cost is a
-lower bound on the cost of any schedule, online or not: the fraction of the
-optimum's saving that a policy achieves is not flattered.
+Jobs with deadlines (training: devices for a run time on one cloud; batch
+inference: device-hours divisible over clouds and hours) are placed by what
+each device-hour would cost, rental plus energy at the price known or
+forecast then, never oversubscribing a cloud and never past a deadline it can
+meet. The least-loaded reference and the LP optimum (a lower bound on any
+schedule's cost) run on the same model, so the benchmark compares like with
+like. The model and the policies are described in ``docs/energy-and-grid.md``.
 """
 
 from __future__ import annotations

@@ -1,45 +1,11 @@
 """Discrete-event simulator of several compute centers fed by one job stream each.
 
-Each center has one accelerator type, a device count and a jurisdiction. Jobs
-arrive at their home center (they are unknown before their arrival time), wait
-in a queue, hold their devices from dispatch to finish and run for their
-measured run time on the accelerator they got. Four policies:
-
-``independent``
-    each center schedules only its own stream: FIFO with EASY backfill (the
-    first job that does not fit reserves the earliest time enough devices are
-    released; later jobs start if they fit now and do not delay it).
-``first_fit``
-    whole jobs over one global FIFO queue (EASY backfill as above), each job
-    dispatched to the first center with room, its own center first, then the
-    others in the order given, as Kueue MultiKueue dispatches to worker clusters.
-``static_split``
-    Karmada's divided-replica scheduling with static weights (each center's
-    device count): a job's devices are divided over the centers in proportion
-    to the weights (remainders by smooth weighted round robin, so 1-device jobs
-    go to one center chosen by weight, deterministically); the parts are
-    gang-started when every part fits. A job with several parts runs at the
-    same split model as placement (shares follow throughput, rates add up, the
-    split iteration-time penalty applies).
-``crosscloud``
-    every decision is ``crosscloud.pool.placement.place`` (the code the DAGs use)
-    over one ``Site`` per center built from the simulator's state: free
-    devices, ``frees`` (release times of running jobs), ``queued_device_s`` and
-    ``queued_devices`` (device-seconds and devices of the jobs ahead in the
-    queue that chose to wait for that center in this pass; placement lets a
-    later job backfill only where it does not delay them). A job starts when
-    the decision ``starts_now``; otherwise it stays queued and is reconsidered
-    at later events (FIFO: earlier jobs decide first).
-
-All policies keep a job whose data is resident in a jurisdiction inside it. A
-job run away from its home center first transfers its data there (devices held
-meanwhile) and counts as forwarded, its bytes as forwarded bytes (once per
-remote part). The queue is re-examined only when devices are freed or jobs
-arrive, and a pass stops as soon as no center has a free device. A crosscloud
-pass, where each queued job costs a placement decision, also stops after
-``max_scan`` queued jobs that did not start (as Slurm's backfill stops after
-``bf_max_job_test`` jobs); the reference policies always scan their whole
-queue, so this limit can only cost crosscloud.
+Jobs arrive at their home center unknown before their arrival, wait, hold
+their devices from dispatch to finish and run for their measured run time on
+the accelerator they got. Its ``crosscloud`` policy calls the placement the
+DAGs use, so ``bench-scheduling`` measures that code against the policies of
+independent centers, MultiKueue and Karmada; the policies are described in
+``docs/benchmarks.md``.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """A live progress line for long commands: each cloud's rounds while a run trains.
 
 Fed the log lines of a run (an Airflow task log, ``airflow dags test``'s
-output, or the ``log`` callback of ``pipeline.run_job``), it keeps one status
+output, or the ``log`` callback of ``pipeline.stages.run_job``), it keeps one status
 line - the global round, each cloud's committed rounds as a small bar, the
 last eval loss - and prints the stage lines a person wants to see above it.
 On a terminal the status line is redrawn in place; elsewhere (a CI log, a
