@@ -3,7 +3,7 @@
 A real cross-cloud training run (the engine's stages, ``pipeline.stages.run_job``) on
 the embedded local clouds. Once ``--at-round`` rounds are committed, a request
 arrives to cut ``--cloud``'s power by ``--reduce-pct`` within ``--within-s``
-seconds. crosscloud plans the cheapest answer (``grid.demand_response.choose_shedding``:
+seconds. crosscloud plans the cheapest answer (``grid.demand_response.plan_shed``:
 throttle the cloud's devices under a power cap, or shift its share of the
 batch to the run's other clouds), tells the run's coordinator, and waits until
 the cloud's sub-task shows it in its round commits; after ``--hold-rounds``

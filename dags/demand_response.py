@@ -56,32 +56,31 @@ def demand_response():
 
         use_airflow_connections()
         p = get_current_context()["params"]
-        shedding, issued = plan_and_tell(load_federation(), p["cloud"], p["reduce_pct"], p["within_s"], fit_power_curve())
-        print(f"{p['cloud']}: modelled draw {shedding.before_w:.1f} W, target {shedding.target_w:.1f} W, "
-              f"after {shedding.after_w:.1f} W")
-        for a in shedding.actions:
+        plan, issued = plan_and_tell(load_federation(), p["cloud"], p["reduce_pct"], p["within_s"], fit_power_curve())
+        print(f"{p['cloud']}: modelled draw {plan.before_w:.1f} W, target {plan.target_w:.1f} W, after {plan.after_w:.1f} W")
+        for a in plan.actions:
             print(f"  {a.run_id} ({a.tenant}): {a.kind} cap {a.cap:.0%}, saves {a.saved_w:.1f} W, "
                   f"gives up {a.progress_lost:.1%} of its throughput")
-        for why in shedding.refused:
+        for why in plan.refused:
             print(f"  refused: {why}")
-        return {"plan": shedding.to_dict(), "issued_at": issued}
+        return {"plan": plan.to_dict(), "issued_at": issued}
 
     @task
     def verify(answer: dict) -> dict:
         from crosscloud.core.federation import load_federation
         from crosscloud.energy.power import fit_power_curve
-        from crosscloud.grid.demand_response import Shedding
+        from crosscloud.grid.demand_response import ShedPlan
         from crosscloud.grid.demand_response import verify as check
 
         p = get_current_context()["params"]
-        shedding = Shedding.from_dict(answer["plan"])
-        result = check(load_federation(), shedding, answer["issued_at"], fit_power_curve(), timeout_s=p["within_s"])
+        plan = ShedPlan.from_dict(answer["plan"])
+        result = check(load_federation(), plan, answer["issued_at"], fit_power_curve(), timeout_s=p["within_s"])
         print(f"cut held: {result['held']} after {result['time_to_shed_s']} s, {result['shed_pct']:.1f}% shed")
         if not result["held"]:
             why = (f"the metered draw fell by only {result['measured_shed_pct']:.1f}%"
                    if result["measured_shed_pct"] is not None else "the runs did not apply it in time")
-            raise RuntimeError(f"{shedding.cloud}: the cut of {shedding.reduce_pct:g}% did not hold within "
-                               f"{shedding.within_s:g} s: {result['refused'] or why}")
+            raise RuntimeError(f"{plan.cloud}: the cut of {plan.reduce_pct:g}% did not hold within {plan.within_s:g} s: "
+                               f"{result['refused'] or why}")
         return result
 
     @task.sensor(poke_interval=30, timeout=7 * 24 * 3600, mode="reschedule")
@@ -94,10 +93,10 @@ def demand_response():
     @task(trigger_rule="all_done")
     def restore(answer: dict) -> None:
         from crosscloud.core.federation import load_federation
-        from crosscloud.grid.demand_response import Shedding
+        from crosscloud.grid.demand_response import ShedPlan
         from crosscloud.grid.demand_response import restore as give_back
 
-        give_back(load_federation(), Shedding.from_dict(answer["plan"]))
+        give_back(load_federation(), ShedPlan.from_dict(answer["plan"]))
 
     @task
     def record(result: dict) -> None:

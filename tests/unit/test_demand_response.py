@@ -6,7 +6,7 @@ import pytest
 
 from crosscloud.core.federation import load_federation
 from crosscloud.energy.power import fit_power_curve
-from crosscloud.grid.demand_response import RunOnCloud, cloud_power_w, choose_shedding, read_directives, write_directive
+from crosscloud.grid.demand_response import RunOnCloud, cloud_power_w, plan_shed, read_directives, write_directive
 from crosscloud.store.base import LocalStore
 
 
@@ -31,7 +31,7 @@ def test_power_counts_busy_devices_at_their_cap_and_the_rest_idle(curve):
 
 def test_a_small_cut_is_met_by_throttling_which_costs_less_progress_than_shifting(curve):
     fed = load_federation()
-    plan = choose_shedding(fed, "beijing", [_run(devices=3, share=12)], reduce_pct=10, within_s=300, curve=curve)
+    plan = plan_shed(fed, "beijing", [_run(devices=3, share=12)], reduce_pct=10, within_s=300, curve=curve)
     assert plan.feasible and [a.kind for a in plan.actions] == ["throttle"]
     shift_cost = 12 / 24
     assert plan.actions[0].progress_lost < shift_cost
@@ -39,21 +39,21 @@ def test_a_small_cut_is_met_by_throttling_which_costs_less_progress_than_shiftin
 
 def test_a_deep_cut_shifts_the_share_to_the_other_clouds(curve):
     fed = load_federation()
-    plan = choose_shedding(fed, "beijing", [_run(devices=3, share=12)], reduce_pct=60, within_s=300, curve=curve)
+    plan = plan_shed(fed, "beijing", [_run(devices=3, share=12)], reduce_pct=60, within_s=300, curve=curve)
     assert plan.feasible and plan.actions[0].kind == "shift"
 
 
 def test_rounds_longer_than_the_deadline_or_no_other_cloud_are_refused_and_said(curve):
     fed = load_federation()
-    slow = choose_shedding(fed, "beijing", [_run(round_s=600)], reduce_pct=10, within_s=300, curve=curve)
+    slow = plan_shed(fed, "beijing", [_run(round_s=600)], reduce_pct=10, within_s=300, curve=curve)
     assert not slow.feasible and "longer than the 300 s allowed" in slow.refused[0]
-    alone = choose_shedding(fed, "beijing", [_run(devices=3, others=())], reduce_pct=60, within_s=300, curve=curve)
+    alone = plan_shed(fed, "beijing", [_run(devices=3, others=())], reduce_pct=60, within_s=300, curve=curve)
     assert "no other cloud" in alone.refused[0] and not alone.feasible
 
 
 def test_directives_are_written_and_withdrawn(tmp_path, curve):
     store = LocalStore(tmp_path, "beijing")
-    plan = choose_shedding(load_federation(), "beijing", [_run(devices=3)], reduce_pct=10, within_s=300, curve=curve)
+    plan = plan_shed(load_federation(), "beijing", [_run(devices=3)], reduce_pct=10, within_s=300, curve=curve)
     write_directive(store, "team-a/runs/r1", "beijing", plan.actions[0], {"reduce_pct": 10})
     assert read_directives(store, "team-a/runs/r1")["beijing"]["kind"] == "throttle"
     write_directive(store, "team-a/runs/r1", "beijing", None, {})

@@ -13,7 +13,7 @@ from crosscloud.core.federation import Federation, PowerMetrics, load_federation
 from crosscloud.energy.metered import MetricsError, measured_power_w
 from crosscloud.energy.power import fit_power_curve
 from crosscloud.grid import demand_response
-from crosscloud.grid.demand_response import RunOnCloud, choose_shedding, verify
+from crosscloud.grid.demand_response import RunOnCloud, plan_shed, verify
 
 
 class _Prometheus:
@@ -87,7 +87,7 @@ def _metered(prometheus) -> Federation:
 def test_a_metered_cut_holds_only_when_the_meter_shows_it(prometheus, monkeypatch, after_w, held):
     fed = _metered(prometheus)
     run = RunOnCloud("team-a", "r1", "cpu", 3, 8, 24, 4.0, ("shanghai",))
-    plan = choose_shedding(fed, "beijing", [run], reduce_pct=10, within_s=300, curve=fit_power_curve())
+    plan = plan_shed(fed, "beijing", [run], reduce_pct=10, within_s=300, curve=fit_power_curve())
     assert plan.feasible and plan.actions
     prometheus.gpus(600.0, 400.0)
     plan.measured_before_w = measured_power_w(fed.cloud("beijing").power_metrics)

@@ -65,9 +65,7 @@ class Action:
 
 
 @dataclass
-class Shedding:
-    """The answer to one grid request: the actions chosen on a cloud, the draw before and the target."""
-
+class ShedPlan:
     cloud: str
     reduce_pct: float
     within_s: float
@@ -89,7 +87,7 @@ class Shedding:
         return {**asdict(self), "after_w": self.after_w, "feasible": self.feasible}
 
     @classmethod
-    def from_dict(cls, d: dict) -> Shedding:
+    def from_dict(cls, d: dict) -> ShedPlan:
         return cls(d["cloud"], d["reduce_pct"], d["within_s"], d["before_w"], d["target_w"],
                    [Action(**a) for a in d["actions"]], list(d["refused"]), d.get("measured_before_w"))
 
@@ -113,18 +111,18 @@ def cloud_power_w(fed: Federation, cloud: str, runs: list[RunOnCloud], curve: Po
     return total * pue
 
 
-def choose_shedding(fed: Federation, cloud: str, runs: list[RunOnCloud], reduce_pct: float, within_s: float,
-                    curve: PowerCurve) -> Shedding:
+def plan_shed(fed: Federation, cloud: str, runs: list[RunOnCloud], reduce_pct: float, within_s: float,
+              curve: PowerCurve) -> ShedPlan:
     """The actions that shed ``reduce_pct`` of the cloud's draw within ``within_s`` at the least progress lost."""
     c = fed.cloud(cloud)
     pue = c.grid.pue if c.grid else DEFAULT_PUE
     full = {p.accelerator: p.power_w for p in c.pools}
     before = cloud_power_w(fed, cloud, runs, curve)
-    shedding = Shedding(cloud, reduce_pct, within_s, before, before * (1 - reduce_pct / 100))
+    plan = ShedPlan(cloud, reduce_pct, within_s, before, before * (1 - reduce_pct / 100))
     options: list[Action] = []
     for r in runs:
         if r.round_s > within_s:
-            shedding.refused.append(f"{r.run_id}: its rounds take an action {r.round_s:.0f} s to land, longer than the "
+            plan.refused.append(f"{r.run_id}: its rounds take an action {r.round_s:.0f} s to land, longer than the "
                                 f"{within_s:.0f} s allowed")
             continue
         now_w = busy_w(r.accelerator, full[r.accelerator], r.cap, curve)
@@ -133,25 +131,25 @@ def choose_shedding(fed: Federation, cloud: str, runs: list[RunOnCloud], reduce_
         if r.others:
             options.append(Action(r.tenant, r.run_id, "shift", 1.0, 1.0, r.devices * (now_w - idle_w) * pue, weight))
         else:
-            shedding.refused.append(f"{r.run_id}: no other cloud of the run can take its share")
+            plan.refused.append(f"{r.run_id}: no other cloud of the run can take its share")
         for cap in (0.9, 0.8, 0.7, 0.625, 0.5):  # the caps the DVFS sweep measured, as fractions
             if cap >= r.cap or cap < curve.min_cap:
                 continue
             saved = r.devices * (now_w - busy_w(r.accelerator, full[r.accelerator], cap, curve)) * pue
             lost = weight * (1 - curve.throughput_at(cap) / curve.throughput_at(r.cap))
             options.append(Action(r.tenant, r.run_id, "throttle", cap, curve.throughput_at(cap), saved, lost))
-    need = shedding.before_w - shedding.target_w
+    need = plan.before_w - plan.target_w
     # the cheapest single action that sheds enough; else the best progress-per-watt actions, one per run
     enough = [a for a in options if a.saved_w >= need]
     if enough:
-        shedding.actions = [min(enough, key=lambda a: (a.progress_lost, -a.saved_w))]
-        return shedding
+        plan.actions = [min(enough, key=lambda a: (a.progress_lost, -a.saved_w))]
+        return plan
     taken: set[str] = set()
     for a in sorted(options, key=lambda a: a.progress_lost / max(a.saved_w, 1e-9)):
-        if a.run_id not in taken and shedding.after_w > shedding.target_w:
-            shedding.actions.append(a)
+        if a.run_id not in taken and plan.after_w > plan.target_w:
+            plan.actions.append(a)
             taken.add(a.run_id)
-    return shedding
+    return plan
 
 
 def control_key(root: str) -> str:
@@ -217,16 +215,16 @@ def runs_on(fed: Federation, cloud: str, ledger: Ledger | None = None) -> list[R
 
 
 def respond(fed: Federation, cloud: str, reduce_pct: float, within_s: float, curve: PowerCurve,
-            ledger: Ledger | None = None) -> tuple[Shedding, float]:
-    """Plan the cut and tell each affected run's coordinator; returns the shedding and when it was issued."""
-    shedding = choose_shedding(fed, cloud, runs_on(fed, cloud, ledger), reduce_pct, within_s, curve)
+            ledger: Ledger | None = None) -> tuple[ShedPlan, float]:
+    """Plan the cut and tell each affected run's coordinator; returns the plan and when it was issued."""
+    plan = plan_shed(fed, cloud, runs_on(fed, cloud, ledger), reduce_pct, within_s, curve)
     if (meter := fed.cloud(cloud).power_metrics) is not None:
-        shedding.measured_before_w = measured_power_w(meter)
+        plan.measured_before_w = measured_power_w(meter)
     issued = time.time()
     request = {"cloud": cloud, "reduce_pct": reduce_pct, "within_s": within_s}
-    for a in shedding.actions:
+    for a in plan.actions:
         write_directive(_home(fed, a.tenant), RunKeys(a.tenant, a.run_id).root, cloud, a, request)
-    return shedding, issued
+    return plan, issued
 
 
 def _applied(fed: Federation, cloud: str, action: Action, since: float) -> float | None:
@@ -245,7 +243,7 @@ def _applied(fed: Federation, cloud: str, action: Action, since: float) -> float
     return None
 
 
-def verify(fed: Federation, shedding: Shedding, issued_at: float, curve: PowerCurve, timeout_s: float,
+def verify(fed: Federation, plan: ShedPlan, issued_at: float, curve: PowerCurve, timeout_s: float,
            poll_s: float = 0.5) -> dict:
     """Wait until every action shows in its sub-task's commits; the modelled draw then, and how long it took.
 
@@ -253,35 +251,35 @@ def verify(fed: Federation, shedding: Shedding, issued_at: float, curve: PowerCu
     """
     deadline = time.monotonic() + timeout_s
     applied: dict[str, float] = {}
-    while len(applied) < len(shedding.actions) and time.monotonic() < deadline:
-        for a in shedding.actions:
-            if a.run_id not in applied and (at := _applied(fed, shedding.cloud, a, issued_at)) is not None:
+    while len(applied) < len(plan.actions) and time.monotonic() < deadline:
+        for a in plan.actions:
+            if a.run_id not in applied and (at := _applied(fed, plan.cloud, a, issued_at)) is not None:
                 applied[a.run_id] = at
-        time.sleep(poll_s if len(applied) < len(shedding.actions) else 0)
-    held = len(applied) == len(shedding.actions) and shedding.feasible
+        time.sleep(poll_s if len(applied) < len(plan.actions) else 0)
+    held = len(applied) == len(plan.actions) and plan.feasible
     measured_after = measured_shed = None
-    if held and (meter := fed.cloud(shedding.cloud).power_metrics) is not None and shedding.measured_before_w:
+    if held and (meter := fed.cloud(plan.cloud).power_metrics) is not None and plan.measured_before_w:
         time.sleep(meter.settle_s)  # the meter shows the cut a scrape after it applied
         measured_after = measured_power_w(meter)
-        measured_shed = 100 * (1 - measured_after / shedding.measured_before_w)
-        held = measured_shed >= shedding.reduce_pct - 1e-9
+        measured_shed = 100 * (1 - measured_after / plan.measured_before_w)
+        held = measured_shed >= plan.reduce_pct - 1e-9
     return {
-        "cloud": shedding.cloud,
+        "cloud": plan.cloud,
         "held": held,
         "time_to_shed_s": max(applied.values()) - issued_at if held and applied else None,
-        "power_before_w": shedding.before_w,
-        "power_after_w": shedding.after_w if held else None,
-        "shed_pct": 100 * (1 - shedding.after_w / shedding.before_w) if held else 0.0,
-        "measured_power_before_w": shedding.measured_before_w,
+        "power_before_w": plan.before_w,
+        "power_after_w": plan.after_w if held else None,
+        "shed_pct": 100 * (1 - plan.after_w / plan.before_w) if held else 0.0,
+        "measured_power_before_w": plan.measured_before_w,
         "measured_power_after_w": measured_after,
         "measured_shed_pct": measured_shed,
-        "actions": [asdict(a) for a in shedding.actions],
-        "refused": shedding.refused,
-        "progress_lost_fraction": {a.run_id: a.progress_lost for a in shedding.actions},
+        "actions": [asdict(a) for a in plan.actions],
+        "refused": plan.refused,
+        "progress_lost_fraction": {a.run_id: a.progress_lost for a in plan.actions},
     }
 
 
-def restore(fed: Federation, shedding: Shedding) -> None:
+def restore(fed: Federation, plan: ShedPlan) -> None:
     """The request is over: the runs get their shares and full power back from their next round."""
-    for a in shedding.actions:
-        write_directive(_home(fed, a.tenant), RunKeys(a.tenant, a.run_id).root, shedding.cloud, None, {})
+    for a in plan.actions:
+        write_directive(_home(fed, a.tenant), RunKeys(a.tenant, a.run_id).root, plan.cloud, None, {})
