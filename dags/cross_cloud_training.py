@@ -102,6 +102,13 @@ JOB = JobSpec()  # the Params' defaults are the engine's, so the DAG runs what b
                           description="Overlap: the share of its own drift a cloud keeps when the late global is folded in."),
         "compression": Param(JOB.compression, enum=["int8", "none"], description="How pseudo-gradients travel."),
         "adapt_shares": Param(JOB.adapt_shares, type="boolean", description="Move batch shares towards faster clouds between rounds."),
+        "program": Param(JOB.program, type="string", minLength=1,
+                         description="The training program: a file relative to the project folder, or package.module "
+                                     "(docs/programs.md). Every cloud runs it on crosscloud.sdk."),
+        "program_args": Param(JOB.program_args, type="object",
+                              description="A JSON object the program reads as run.args (over seed, lr and model_size)."),
+        "subtask_retries": Param(JOB.subtask_retries, type="integer", minimum=0, maximum=10,
+                                 description="Times a sub-task that died is started again (it resumes) before its cloud is lost."),
         "follow_prices": Param(JOB.follow_prices, type="boolean", description="Move a dear cloud's batch share to cheaper clouds between rounds (DAG follow_prices)."),
     },
 )

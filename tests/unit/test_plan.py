@@ -1,4 +1,4 @@
-"""The run plan keeps the job, model and outer step typed, and plan.json keeps the shape it always had."""
+"""The run plan keeps the job, model and outer step typed; a plan written before still loads."""
 
 from __future__ import annotations
 
@@ -27,7 +27,12 @@ def _written_before(spec: JobSpec) -> dict:
     }
 
 
-def test_a_plan_written_before_loads_typed_and_saves_the_same_json(tmp_path):
+def _written_now(spec: JobSpec) -> dict:
+    """plan.json as admit_stage writes it now: held-out files as a list, the program and the files' names."""
+    return {**_written_before(spec), "held_out": [BLOB], "program": None, "shard_names": [], "held_out_names": []}
+
+
+def test_a_plan_written_before_loads_typed_and_saves_in_the_current_shape(tmp_path):
     spec = JobSpec(rounds=3, outer_lr=0.7, outer_momentum=0.9, clouds=["beijing"])
     store = LocalStore(tmp_path)
     before = _written_before(spec)
@@ -36,7 +41,7 @@ def test_a_plan_written_before_loads_typed_and_saves_the_same_json(tmp_path):
     assert plan.job == spec and isinstance(plan.model, ModelConfig) and plan.outer == OuterConfig(lr=0.7, momentum=0.9)
     assert plan.spec is plan.job  # the stored object, not one rebuilt per call
     plan.save(store)
-    assert json.loads(store.get("team-a/runs/r1/plan.json")) == before
+    assert json.loads(store.get("team-a/runs/r1/plan.json")) == _written_now(spec)
 
 
 def test_a_plan_built_from_objects_writes_the_shape_of_dicts():
@@ -45,7 +50,7 @@ def test_a_plan_built_from_objects_writes_the_shape_of_dicts():
     plan = Plan(tenant=spec.tenant, run_id="r1", federation="f", federation_path="/f.yaml", job=spec,
                 model=preset(spec.model_size), outer=spec.outer, coordinator_cloud="beijing", clouds=[], candidates=[],
                 dataset=spec.dataset, shards=[blob], held_out=blob, init=blob)
-    assert json.loads(plan.model_dump_json()) == _written_before(spec)
+    assert json.loads(plan.model_dump_json()) == _written_now(spec)
 
 
 def test_a_stored_job_is_checked_when_the_plan_loads(tmp_path):

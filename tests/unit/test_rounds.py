@@ -10,7 +10,7 @@ import torch
 from crosscloud.core.job import JobSpec, JobSpecError, local_lr
 from crosscloud.pool.partition import rebalance_shares
 from crosscloud.training.outer import SYNCHRONOUS, OuterConfig, outer_step, weighted_mean
-from crosscloud.training.worker import DelayedGlobal
+from crosscloud.training.rounds import DelayedGlobal
 
 
 def _run(progress: list[list[float]], cfg: OuterConfig, lag: list[int] | None, mix: float = 0.0) -> tuple[list[float], list[list[float]]]:

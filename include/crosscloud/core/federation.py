@@ -253,11 +253,31 @@ class Image(_Model):
 
 
 class Dataset(_Model):
+    """Training data: the standard library's source (built offline anywhere), or files a team put in a store.
+
+    ``files``: every object under ``<tenant>/<prefix>`` in the home cloud's store is one training
+    shard (tokenized ``.bin``/``.npy``/safetensors or Parquet, as the program reads them), and every
+    object under ``<tenant>/<eval_prefix>`` is held out for evaluation.
+    """
+
     name: str
-    source: Literal["python-stdlib"]
-    shards: int = Field(gt=0)
+    source: Literal["python-stdlib", "files"]
+    shards: int | None = Field(default=None, gt=0, description="python-stdlib: how many shards to cut")
     home: str = Field(description="cloud where the raw data lives")
     residency: str | None = Field(default=None, description="jurisdiction the raw data may not leave")
+    prefix: str | None = Field(default=None, description="files: the training shards' folder in the home store")
+    eval_prefix: str | None = Field(default=None, description="files: the held-out files' folder in the home store")
+
+    @model_validator(mode="after")
+    def _source_settings(self) -> Dataset:
+        if self.source == "python-stdlib" and self.shards is None:
+            raise ValueError(f"datasets.{self.name}.shards: required for source python-stdlib (how many shards to cut)")
+        if self.source == "files":
+            missing = [f for f in ("prefix", "eval_prefix") if not getattr(self, f)]
+            if missing:
+                raise ValueError(f"datasets.{self.name}.{missing[0]}: required for source files (a folder in the "
+                                 f"store of cloud {self.home}, below the tenant, e.g. datasets/{self.name}/train/)")
+        return self
 
 
 class Jurisdiction(_Model):

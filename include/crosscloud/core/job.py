@@ -15,6 +15,7 @@ from crosscloud.core.presets import PRESETS
 MODES = ("cross_cloud", "single_cluster")
 PLACEMENTS = ("spread", "auto")
 LR_SCALINGS = ("none", "sqrt", "linear")
+DEFAULT_PROGRAM = "examples/byte_lm/train.py"
 
 
 class JobSpecError(ValueError):
@@ -65,6 +66,11 @@ class JobSpec:
     compression: Literal["int8", "none"] = "int8"
     adapt_shares: bool = False
     follow_prices: bool = False  # between rounds, a dear cloud's share may move to cheaper ones (grid.following_prices)
+    # the training program every cloud runs: a file relative to the project folder, or package.module (crosscloud.sdk)
+    program: str = DEFAULT_PROGRAM
+    program_args: dict = field(default_factory=dict)  # handed to the program as run.args, over the job's own knobs
+    # a sub-task that died (not one whose program raised) is started again this many times before its cloud is lost
+    subtask_retries: int = 2
 
     def __post_init__(self) -> None:
         checks = [
@@ -85,6 +91,9 @@ class JobSpec:
             (self.local_lr_scaling in LR_SCALINGS, "local_lr_scaling", f"{self.local_lr_scaling!r} is unknown; choose one of {list(LR_SCALINGS)}"),
             (self.compression in ("int8", "none"), "compression", f"{self.compression!r} is unknown; choose int8 or none"),
             (len(set(self.clouds)) == len(self.clouds), "clouds", f"lists a cloud twice: {self.clouds}"),
+            (bool(self.program.strip()), "program", "must name a program file or package.module"),
+            (isinstance(self.program_args, dict), "program_args", f"must be a JSON object, got {self.program_args!r}"),
+            (self.subtask_retries >= 0, "subtask_retries", f"must be >= 0, got {self.subtask_retries}"),
         ]
         for ok, name, message in checks:
             if not ok:
@@ -114,6 +123,10 @@ class JobSpec:
     def outer(self) -> OuterConfig:
         """The outer step this job asks for (the last round's is fixed by ``training.outer.round_config``)."""
         return OuterConfig(lr=self.outer_lr, momentum=self.outer_momentum)
+
+    def program_run_args(self) -> dict:
+        """What the program reads as ``run.args``: the job's own knobs, overridden by its ``program_args``."""
+        return {"seed": self.seed, "lr": self.inner_lr, "model_size": self.model_size, **self.program_args}
 
     def evaluates_after(self, round_: int) -> bool:
         """Whether the global after ``round_`` is evaluated: every ``eval_every_steps`` steps, and the last."""

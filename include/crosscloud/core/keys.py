@@ -51,6 +51,14 @@ class RunKeys:
     def cloud_step(self, cloud: str, round_: int) -> str:
         return f"{self.root}/clouds/{validate_name(cloud, 'cloud')}/{int(round_)}"
 
+    def cloud_state(self, cloud: str, round_: int) -> str:
+        """A cloud's own training state after ``round_``: what its sub-task resumes from after a restart."""
+        return f"{self.root}/state/{validate_name(cloud, 'cloud')}/{int(round_)}"
+
+    def sdk_started(self, cloud: str) -> str:
+        """Written when a cloud's program first calls the SDK: a stalled run can tell a program that never did."""
+        return f"{self.root}/state/{validate_name(cloud, 'cloud')}/sdk-started.json"
+
     @property
     def final(self) -> str:
         return f"{self.root}/final"

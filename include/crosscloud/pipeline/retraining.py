@@ -14,12 +14,12 @@ from __future__ import annotations
 
 from crosscloud.core.federation import federation_path as resolve_federation_path
 from crosscloud.core.job import JobSpec
-from crosscloud.pipeline.stages import Log, RunRef, held_out_data, run_job
+from crosscloud.pipeline.stages import Log, RunRef, run_job
 from crosscloud.store.open_store import open_store
 from crosscloud.store.tensors import from_bytes
 from crosscloud.tracking import registry
 from crosscloud.tracking.mlflow_runs import Tracker
-from crosscloud.training.model import build_model, evaluate
+from crosscloud.training.evaluation import Evaluator
 
 
 def retrain(spec: JobSpec, run_id: str, experiment: str, federation_path: str | None = None,
@@ -41,9 +41,7 @@ def retrain(spec: JobSpec, run_id: str, experiment: str, federation_path: str | 
 def held_out_loss(ref: RunRef, weights: bytes) -> float:
     """Eval loss of ``weights`` on the held-out set of run ``ref``."""
     fed, plan = ref.load()
-    model = build_model(plan.model, plan.spec.seed)
-    model.load_state_dict(from_bytes(weights))
-    return evaluate(model, held_out_data(open_store(fed.local_cloud, plan.tenant), plan))
+    return Evaluator(plan, open_store(fed.local_cloud, plan.tenant), fed.local_cloud.name)(from_bytes(weights))
 
 
 def decide(result: dict) -> dict:

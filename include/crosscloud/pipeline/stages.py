@@ -12,17 +12,16 @@ import json
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import NamedTuple
 
-import torch
 
 from crosscloud.artifacts.preheat import TransferReport, fetch_all
+from crosscloud.pipeline.inputs import RunInputs, load_job_program, materialize_inputs
 from crosscloud.backends import Handle, SubTaskError, SubTaskSpec, get_backend
 from crosscloud.core.federation import Federation, load_federation
 from crosscloud.core.federation import federation_path as resolve_federation_path
 from crosscloud.core.job import JobSpec
 from crosscloud.core.keys import manifest_key, validate_name
-from crosscloud.core.presets import ModelConfig, preset
+from crosscloud.core.presets import preset
 from crosscloud.pool.admission import Admission, NotAdmitted, admit, preflight
 from crosscloud.pool.ledger import Ledger
 from crosscloud.pool.partition import partition
@@ -31,18 +30,17 @@ from crosscloud.run import baseline
 from crosscloud.run.history import load_history
 from crosscloud.run.plan import Candidate, Plan
 from crosscloud.store.base import StoreError
-from crosscloud.store.chunks import BlobRef, ChunkIndex, put_blob, read_blob, warmth
+from crosscloud.store.chunks import BlobRef, ChunkIndex, warmth
 from crosscloud.store.commit import read_commit, write_step
 from crosscloud.store.credentials import credentials_env, require_credentials
 from crosscloud.store.network import nearest_first, network, store_seen_from, wan_bytes
 from crosscloud.store.open_store import open_store
-from crosscloud.store.tensors import from_bytes, to_bytes
+from crosscloud.store.tensors import to_bytes
 from crosscloud.tracking import plots, registry
 from crosscloud.tracking.mlflow_runs import Tracker
 from crosscloud.tracking.run_report import load_run
 from crosscloud.training.coordinator import Coordinator, load_global
-from crosscloud.training.corpus import build_corpus
-from crosscloud.training.model import build_model, evaluate
+from crosscloud.training.evaluation import Evaluator
 
 Log = Callable[[str], None]
 
@@ -63,35 +61,6 @@ class RunRef:
         return fed, Plan.load(open_store(fed.local_cloud, self.tenant), self.tenant, self.run_id)
 
 
-class RunInputs(NamedTuple):
-    """What a run reads: the dataset's shards, its held-out part and the initial model."""
-
-    shards: list[BlobRef]
-    held_out: BlobRef
-    init: BlobRef
-
-
-def _materialize_inputs(fed: Federation, spec: JobSpec, cfg: ModelConfig, init: bytes | None = None) -> RunInputs:
-    """Put the dataset shards on the dataset's home cloud and the initial model on the local cloud.
-
-    ``init`` (safetensors) starts from given weights, e.g. a registered model
-    being retrained; they must fit the model preset, checked here before
-    anything is admitted. By default the model starts from the seed.
-    """
-    ds = fed.dataset(spec.dataset)
-    shards, held_out = build_corpus(ds.shards, spec.seed)
-    data_home = open_store(fed.cloud(ds.home), spec.tenant)
-    index = ChunkIndex(data_home, spec.tenant)
-    shard_refs = [put_blob(data_home, spec.tenant, s, kind="dataset", index=index, residency=ds.residency)[0] for s in shards]
-    home = open_store(fed.local_cloud, spec.tenant)
-    held_ref, _ = put_blob(home, spec.tenant, held_out, kind="dataset", residency=ds.residency)
-    model = build_model(cfg, spec.seed)
-    if init is not None:
-        model.load_state_dict(from_bytes(init))  # raises, naming the tensors, when they do not fit the preset
-    init_ref, _ = put_blob(home, spec.tenant, to_bytes(model.state_dict()), kind="model")
-    return RunInputs(shard_refs, held_ref, init_ref)
-
-
 def _holders(fed: Federation, tenant: str, refs: list[BlobRef]) -> set[str]:
     """Clouds already warm for every one of ``refs`` (content-addressed, so any earlier run's copy counts)."""
     holders = set()
@@ -106,12 +75,12 @@ def _holders(fed: Federation, tenant: str, refs: list[BlobRef]) -> set[str]:
     return holders
 
 
-def _check_runnable(fed: Federation, spec: JobSpec, cfg: ModelConfig) -> None:
+def _check_runnable(fed: Federation, spec: JobSpec, family: str) -> None:
     """Fail what can never run before any input is written: held-out residency, placement, credentials."""
     ds = fed.dataset(spec.dataset)
     if ds.residency and fed.local_cloud.jurisdiction != ds.residency:
         raise PlacementError(f"dataset {ds.name} is resident in {ds.residency}; its held-out part cannot be evaluated on {fed.local_cloud.name}")
-    preflight(fed, spec, cfg.family)
+    preflight(fed, spec, family)
     usable = spec.clouds or [c for c, n in fed.tenant(spec.tenant).quotas.items() if n > 0]
     require_credentials([fed.cloud(n) for n in sorted({ds.home, fed.local_cloud.name, *usable})], spec.tenant)
 
@@ -129,13 +98,16 @@ def _new_plan(fed: Federation, federation_path: str, spec: JobSpec, run_id: str,
         model=cfg,
         outer=spec.outer,
         coordinator_cloud=fed.local_cloud.name,
-        clouds=partition(fed, spec, cfg.family, admission.parts, fed.dataset(spec.dataset).shards),
+        clouds=partition(fed, spec, inputs.program.family, admission.parts, len(inputs.shards)),
         candidates=[Candidate(cloud=c.cloud, accelerator=c.accelerator, chosen=c.chosen, reason=c.reason)
                     for c in admission.considered],
         dataset=spec.dataset,
         shards=inputs.shards,
         held_out=inputs.held_out,
         init=inputs.init,
+        program=inputs.program,
+        shard_names=inputs.shard_names,
+        held_out_names=inputs.held_out_names,
         created_at=time.time(),
     )
 
@@ -163,12 +135,12 @@ def admit_stage(
     validate_name(run_id, "run id")
     federation_path = str(resolve_federation_path(federation_path))
     fed = load_federation(federation_path)
-    cfg = preset(spec.model_size)
-    _check_runnable(fed, spec, cfg)
-    inputs = _materialize_inputs(fed, spec, cfg, init)
+    program = load_job_program(spec)
+    _check_runnable(fed, spec, program.family)
+    inputs = materialize_inputs(fed, spec, program, init)
     ledger = Ledger()
     data_bytes, data_at = sum(r.size for r in inputs.shards), _holders(fed, spec.tenant, inputs.shards)
-    admission = admit(fed, spec, run_id, cfg.family, data_bytes, data_at, ledger)
+    admission = admit(fed, spec, run_id, program.family, data_bytes, data_at, ledger)
     try:
         _write_plan(fed, _new_plan(fed, federation_path, spec, run_id, admission, inputs), experiment, tags)
     except BaseException:
@@ -280,7 +252,8 @@ def sync_stage(ref: RunRef, handles: list[Handle], log: Log = print) -> list[dic
         if tracker:
             tracker.log_round(plan, record)
 
-    coordinator = Coordinator(plan, stores, handles, log=log, on_round=on_round)
+    coordinator = Coordinator(plan, stores, handles, log=log, on_round=on_round,
+                              restart=lambda cloud: dispatch_stage(ref, cloud))
     try:
         return coordinator.run()
     except BaseException:
@@ -341,11 +314,6 @@ def _cloud_summary(fed: Federation, plan: Plan, history: list[dict], train_s: fl
     return clouds
 
 
-def held_out_data(home, plan: Plan) -> torch.Tensor:
-    """The run's held-out bytes: every eval loss of the run, and a retrain's comparison, is measured on them."""
-    return torch.frombuffer(bytearray(read_blob(home, plan.tenant, plan.held_out)), dtype=torch.uint8)
-
-
 def _final_model(ref: RunRef, plan: Plan, home, handles: list[Handle]) -> tuple[list[dict], dict]:
     """Once the sub-tasks have exited: the run's history and final params, the latter stored as the final model.
 
@@ -363,13 +331,9 @@ def _final_model(ref: RunRef, plan: Plan, home, handles: list[Handle]) -> tuple[
 
 
 def _eval_losses(plan: Plan, home, params: dict) -> tuple[float, float]:
-    """Held-out loss of the initial model and of ``params``, the final one."""
-    model = build_model(plan.model, plan.spec.seed)
-    held_out = held_out_data(home, plan)
-    model.load_state_dict(load_global(home, plan, 0)[0])
-    eval_start = evaluate(model, held_out)
-    model.load_state_dict(params)
-    return eval_start, evaluate(model, held_out)
+    """Held-out loss of the initial model and of ``params``, the final one, by the run's program."""
+    evaluate = Evaluator(plan, home, plan.coordinator_cloud)
+    return evaluate(load_global(home, plan, 0)[0]), evaluate(params)
 
 
 def _run_summary(plan: Plan, history: list[dict], clouds: dict, train_s: float, evals: tuple[float, float],

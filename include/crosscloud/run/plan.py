@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from crosscloud.core.job import JobSpec, OuterConfig
 from crosscloud.core.keys import RunKeys
@@ -44,6 +44,15 @@ class Candidate(_Model):
     reason: str
 
 
+class ProgramRef(_Model):
+    """The training program of a run: as the user named it, its code as a blob, and its model family."""
+
+    name: str
+    file: str = Field(description="the program's file name, kept so tracebacks name it")
+    code: BlobRef
+    family: str
+
+
 class Plan(_Model):
     """Where a run trains and on what; the job, model and outer step are kept as their own types.
 
@@ -64,10 +73,24 @@ class Plan(_Model):
     candidates: list[Candidate]
     dataset: str
     shards: list[BlobRef]
-    held_out: BlobRef
+    held_out: list[BlobRef]
     init: BlobRef
+    program: ProgramRef | None = None
+    shard_names: list[str] = Field(default_factory=list)  # the files' names (a files dataset's own); empty: shard-NNN.bin
+    held_out_names: list[str] = Field(default_factory=list)
     tracking: dict = Field(default_factory=dict)
     created_at: float = 0.0  # when the run was admitted: its age in the artifacts' demand
+
+    @field_validator("held_out", mode="before")
+    @classmethod
+    def _one_or_more(cls, value):
+        return [value] if isinstance(value, (dict, BlobRef)) else value
+
+    def shard_name(self, index: int) -> str:
+        return self.shard_names[index] if self.shard_names else f"shard-{index:03d}.bin"
+
+    def held_out_name(self, index: int) -> str:
+        return self.held_out_names[index] if self.held_out_names else f"held-out-{index:03d}.bin"
 
     @property
     def keys(self) -> RunKeys:
@@ -95,8 +118,8 @@ class Plan(_Model):
         raise KeyError(f"cloud {name!r} is not in the plan of run {self.run_id}; planned: {[c.name for c in self.clouds]}")
 
     def needs(self, cloud: str) -> list[BlobRef]:
-        """What the sub-task on ``cloud`` reads before its first step: its shards and the initial model."""
-        return [self.shards[i] for i in self.cloud(cloud).shards] + [self.init]
+        """What the sub-task on ``cloud`` reads before its first step: its shards, the initial model and the program."""
+        return [self.shards[i] for i in self.cloud(cloud).shards] + [self.init] + ([self.program.code] if self.program else [])
 
     def save(self, store: ObjectStore) -> None:
         store.put(self.keys.plan, self.model_dump_json(indent=2).encode())

@@ -40,6 +40,10 @@ def write_step(
     ``{name: {"key", "size", "sha256"}}``, or a chunked artifact as
     ``{name: {"artifact": <manifest key>, "size", "sha256"}}``.
     """
+    if (done := read_commit(store, step)) is not None:  # a committed step is never written again, not even its objects
+        if done != _commit_of(step, objects, refs, meta):
+            raise IntegrityError(f"cloud {store.cloud}: {step} is already committed with other content")
+        return done
     entries = dict(refs or {})
     for name, data in objects.items():
         entries[name] = put_object(store, f"{step}/{name}", data)
@@ -49,6 +53,12 @@ def write_step(
         # a commit is written once: a retry may repeat it, nothing may change it
         raise IntegrityError(f"cloud {store.cloud}: {step} is already committed with other content")
     return commit
+
+
+def _commit_of(step: str, objects: dict[str, bytes], refs: dict[str, dict] | None, meta: dict | None) -> dict:
+    """The commit ``write_step`` would write for these objects, computed without writing them."""
+    entries = {**(refs or {}), **{n: {"key": f"{step}/{n}", "size": len(d), "sha256": sha256(d)} for n, d in objects.items()}}
+    return json.loads(json.dumps({"objects": entries, "meta": meta or {}}, sort_keys=True))
 
 
 def read_commit(store: ObjectStore, step: str) -> dict | None:

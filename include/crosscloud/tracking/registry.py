@@ -34,7 +34,7 @@ def lineage(plan, summary: dict, run_tags: dict[str, str]) -> dict[str, str]:
         "crosscloud.plan_sha256": sha256(plan.model_dump_json(indent=2).encode()),
         "crosscloud.dataset": plan.dataset,
         "crosscloud.data_sha256": ",".join(s.sha256 for s in plan.shards),
-        "crosscloud.held_out_sha256": plan.held_out.sha256,
+        "crosscloud.held_out_sha256": ",".join(h.sha256 for h in plan.held_out),
         "crosscloud.init_sha256": plan.init.sha256,
         "crosscloud.final_eval_loss": f"{summary['metrics']['final_eval_loss']:.6f}",
     }

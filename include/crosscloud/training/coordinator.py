@@ -30,13 +30,14 @@ from crosscloud.pool.partition import apportion, rebalance_shares
 from crosscloud.run.history import load_history, save_history
 from crosscloud.run.plan import Plan
 from crosscloud.store.base import ObjectStore, StoreError
-from crosscloud.store.chunks import read_blob
 from crosscloud.store.commit import read_commit, read_object, write_step
 from crosscloud.store.digest import IntegrityError
 from crosscloud.store.tensors import from_bytes, to_bytes
 from crosscloud.training.checkpoint import MOMENTUM, PARAMS, RESIDUAL, UPDATE, for_others, quantized_global
 from crosscloud.training.compression import ErrorFeedback
-from crosscloud.training.model import build_model, evaluate
+from crosscloud.training.evaluation import Evaluator
+from crosscloud.training.program import ProgramError
+from crosscloud.training.worker import PROGRAM_FAILED
 from crosscloud.training.outer import SYNCHRONOUS, OuterConfig, outer_step, round_config, weighted_mean
 from crosscloud.training.screening import screen
 
@@ -44,10 +45,15 @@ POLL_S = 0.05
 # a cloud is lost when it has not committed a round PATIENCE x the slowest of the last rounds after the
 # round began while others have (never sooner than PATIENCE_FLOOR_S: a loaded machine's noise is not a loss)
 PATIENCE, PATIENCE_FLOOR_S = 4.0, 5.0
+# a sub-task started again after it died needs its start-up (interpreter, torch, program, resume) on top of that
+RESTART_GRACE_S = 60.0
 
 
 class SubTaskLost(RuntimeError):
     """A cloud's sub-task ended or went silent before committing its round."""
+
+
+Restart = Callable[[str], Handle]
 
 
 def outer_config(plan: Plan, round_: int) -> OuterConfig:
@@ -126,6 +132,7 @@ class Coordinator:
         handles: list[Handle],
         log: Callable[[str], None] = print,
         on_round: Callable[[dict], None] | None = None,
+        restart: Restart | None = None,
     ):
         self.plan = plan
         self.stores = stores
@@ -136,6 +143,11 @@ class Coordinator:
         self.log = log
         self.on_round = on_round or (lambda record: None)
         self.ledger = Ledger()  # where a cloud is set to draining while the run trains
+        # a sub-task that died is started again (by the caller's dispatch) this many times before its cloud is lost;
+        # a backend that restarts its own (Kubernetes' backoffLimit) reports it running meanwhile
+        self.restart = restart
+        self.restarts_left = {c: plan.spec.subtask_retries if restart else 0 for c in self.handles}
+        self.restarted_at: dict[str, float] = {}
 
     def relay_logs(self) -> None:
         """Copy new sub-task output into the coordinator's log, so it reaches the task log."""
@@ -145,14 +157,31 @@ class Coordinator:
                 self.log(f"[{cloud}] {line}")
 
     def _ended(self, cloud: str) -> str | None:
-        """Why the cloud's sub-task can no longer commit (it ended), or None while it runs or is not ours to watch."""
+        """Why the cloud's sub-task can no longer commit (it ended), or None while it runs or is not ours to watch.
+
+        A program that failed stops the run (every cloud runs the same code); a sub-task that
+        died otherwise is started again while it has restarts left, and resumes from its state.
+        """
         handle = self.handles.get(cloud)
         if handle is None:
             return None
-        state = self.backends[cloud].state(handle)
+        backend = self.backends[cloud]
+        state = backend.state(handle)
         if state == "running":
             return None
         self.relay_logs()
+        code = getattr(backend, "exit_code", lambda h: None)(handle)
+        if code == PROGRAM_FAILED:
+            raise ProgramError(f"program {self.plan.program.name if self.plan.program else '?'} failed on cloud {cloud} "
+                               "(its traceback is in the log above); the run stops")
+        if state != "succeeded" and self.restarts_left.get(cloud, 0) > 0:
+            self.restarts_left[cloud] -= 1
+            self.log(f"cloud {cloud}: sub-task {state} (exit code {code}); starting it again, it resumes from its last "
+                     f"round ({self.restarts_left[cloud]} restart(s) left)")
+            self.handles[cloud] = self.restart(cloud)
+            self.log_offsets[cloud] = 0
+            self.restarted_at[cloud] = time.monotonic()
+            return None
         return f"sub-task is {state} before committing its round (see its log above)"
 
     def lose(self, clouds: dict[str, str], round_: int) -> None:
@@ -189,19 +218,37 @@ class Coordinator:
                     continue
                 pending.discard(cloud)
             waited = time.monotonic() - started
-            if pending and commits and waited > patience:
+            late = {c for c in pending if self._late(c, started, patience)}
+            if late and commits:
                 lost.update({c: f"no pseudo-gradient for round {round_} {waited:.1f} s after the round began, "
                                 f"while {sorted(commits)} committed (patience {patience:.1f} s from measured rounds)"
-                             for c in pending})
-                pending.clear()
+                             for c in late})
+                pending -= late
             if not commits and not pending:
                 raise SubTaskLost(f"round {round_}: every cloud is lost: {lost}")
             if pending:
                 if waited > timeout:
-                    raise SubTaskLost(f"round {round_}: no pseudo-gradient from {sorted(pending)} within {timeout:.0f} s")
+                    raise SubTaskLost(f"round {round_}: no pseudo-gradient from {sorted(pending)} within {timeout:.0f} s"
+                                      f"{self._silent(pending)}")
                 self.relay_logs()
                 time.sleep(POLL_S)
         return commits, lost
+
+    def _late(self, cloud: str, started: float, patience: float) -> bool:
+        """Whether a cloud is past its patience; one started again gets its start-up on top, from its restart."""
+        since = max(started, self.restarted_at.get(cloud, started))
+        grace = RESTART_GRACE_S if cloud in self.restarted_at and since > started else 0.0
+        return time.monotonic() - since > patience + grace
+
+    def _silent(self, clouds: set[str]) -> str:
+        """What a stalled round's error adds when the program never called the SDK there."""
+        keys = self.plan.keys
+        silent = sorted(c for c in clouds if not self.stores[c].exists(keys.sdk_started(c)))
+        if not silent:
+            return ""
+        name = self.plan.program.name if self.plan.program else "the program"
+        return (f"; {name} never called crosscloud.sdk.init() on {silent}: a program trains through the SDK "
+                "(cc.init(), cc.DiLoCo and diloco.step()), see docs/programs.md")
 
     def shares_of_round(self, round_: int, home: ObjectStore) -> dict[str, int]:
         """The shares of the global batch the clouds trained with in ``round_``.
@@ -261,9 +308,8 @@ class Coordinator:
         feedback = ErrorFeedback() if plan.compression == "int8" else None
         if feedback:  # a restarted coordinator sends on what int8 had dropped before
             feedback.residual = load_residual(home, plan, start) or {}
-        model = build_model(plan.model, spec.seed)
-        held_out = torch.frombuffer(bytearray(read_blob(home, plan.tenant, plan.held_out)), dtype=torch.uint8)
-        history = recover_history(home, plan, start, model, held_out)
+        evaluate = Evaluator(plan, home, self.home)
+        history = recover_history(home, plan, start, evaluate)
         lost = {c: why for record in history for c, why in record.get("lost", {}).items()}
         missing = {c: s for c, s in self.stores.items() if c not in lost and read_commit(s, plan.keys.global_step(start)) is None}
         if missing:  # re-publish a round a crash left half-published
@@ -308,8 +354,7 @@ class Coordinator:
             lost.update(unreachable)
             record["sync_s"] = time.perf_counter() - t_sync
             published_at = now
-            model.load_state_dict(params)
-            record["eval_loss"] = evaluate(model, held_out) if spec.evaluates_after(r) else None
+            record["eval_loss"] = evaluate(params) if spec.evaluates_after(r) else None
             self.on_round(record)
             history.append(record)
             save_history(home, plan, history)
@@ -355,7 +400,7 @@ def _cloud_record(meta: dict) -> dict:
     }
 
 
-def recover_history(home: ObjectStore, plan: Plan, start: int, model: torch.nn.Module, held_out: torch.Tensor) -> list[dict]:
+def recover_history(home: ObjectStore, plan: Plan, start: int, evaluate: Callable[[dict], float]) -> list[dict]:
     """The records of rounds before ``start``, each exactly once.
 
     history.json is written after a round's global is committed, so a crash in
@@ -365,6 +410,5 @@ def recover_history(home: ObjectStore, plan: Plan, start: int, model: torch.nn.M
     history = load_history(home, plan)[:start]
     for r in range(len(history), start):
         params, _, record = load_global(home, plan, r + 1)
-        model.load_state_dict(params)
-        history.append({**record, "sync_s": 0.0, "eval_loss": evaluate(model, held_out) if plan.spec.evaluates_after(r) else None})
+        history.append({**record, "sync_s": 0.0, "eval_loss": evaluate(params) if plan.spec.evaluates_after(r) else None})
     return history

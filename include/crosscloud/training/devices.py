@@ -1,0 +1,38 @@
+"""The device a sub-task's rank trains on, and the process group backend that goes with it.
+
+NVIDIA pools (and Hygon DCUs, whose ROCm build of torch answers as ``cuda``)
+train on ``cuda:<LOCAL_RANK>`` with NCCL, Ascend pools on ``npu:<LOCAL_RANK>``
+with HCCL through ``torch_npu``, and everything else on the CPU with gloo. A
+pool whose runtime is not on the host (a local cloud that only models its
+accelerators) trains on the CPU, and says so.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable
+
+import torch
+
+CUDA_LIKE = ("nvidia", "hygon")
+
+
+def _npu_available() -> bool:
+    try:
+        importlib.import_module("torch_npu")  # registers the npu device with torch
+    except ImportError:
+        return False
+    return bool(getattr(torch, "npu", None) and torch.npu.is_available())
+
+
+def select_device(accelerator: str, local_rank: int, log: Callable[[str], None] = print) -> tuple[torch.device, str]:
+    """(device, process group backend) for a rank on a pool of ``accelerator``."""
+    kind = accelerator.split("-")[0]
+    if kind in CUDA_LIKE and torch.cuda.is_available():
+        return torch.device(f"cuda:{local_rank}"), "nccl"
+    if kind == "ascend" and _npu_available():
+        return torch.device(f"npu:{local_rank}"), "hccl"
+    if kind != "cpu":
+        log(f"pool accelerator {accelerator}: no {'CUDA' if kind in CUDA_LIKE else kind} runtime on this host; "
+            "training on the CPU")
+    return torch.device("cpu"), "gloo"
