@@ -1,14 +1,18 @@
-"""The ``crosscloud`` command line: the global inventory, cloud membership, and what runs left behind."""
+"""The ``crosscloud`` command line: train a program, put a dataset, the global inventory, cloud membership, and what runs left behind."""
 
 from __future__ import annotations
 
 import argparse
 import json
 import sys
+import time
+from pathlib import Path
 
 from crosscloud.artifacts.catalog import load_catalog
 from crosscloud.core.federation import load_federation
 from crosscloud.core.job import JobSpec
+from crosscloud.pipeline.inputs import upload_dataset
+from crosscloud.pipeline.stages import run_job
 from crosscloud.pool import membership
 from crosscloud.pool.inventory import collect
 from crosscloud.pool.ledger import Ledger
@@ -114,7 +118,71 @@ def _cloud(args) -> int:
     return 0
 
 
-def main(argv: list[str] | None = None) -> int:
+def _value(text: str):
+    """A --arg value: JSON where it parses (numbers, booleans, lists), else the text itself."""
+    try:
+        return json.loads(text)
+    except ValueError:
+        return text
+
+
+def _pairs(items: list[str], flag: str) -> dict:
+    pairs = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise SystemExit(f"crosscloud train: {flag} {item!r} is not key=value")
+        pairs[key] = _value(value)
+    return pairs
+
+
+def _train(args) -> int:
+    """Run a training program over the clouds in this process, through the engine's backends."""
+    params = {**_pairs(args.job, "--job"), "program": args.program, "program_args": _pairs(args.arg, "--arg")}
+    if args.clouds:
+        params["clouds"] = [c for c in args.clouds.split(",") if c]
+    spec = JobSpec.from_params(params)
+    run_id = args.run_id or f"train-{time.strftime('%Y%m%dT%H%M%S')}"
+    summary = run_job(spec, run_id, args.federation, args.experiment, compare_baseline=spec.mode == "cross_cloud")
+    print(format_summary(summary))
+    return 0
+
+
+def _dataset(args) -> int:
+    fed = load_federation(args.federation)
+    sent = upload_dataset(fed, args.tenant, args.name, Path(args.folder))
+    print(f"dataset {args.name}: {sent['files']} files, {sent['bytes'] / 2**20:.1f} MiB in the store of {sent['cloud']}")
+    return 0
+
+
+def _release(args) -> int:
+    print(f"released {Ledger().release(args.tenant, args.run_id)} device(s) of run {args.run_id}")
+    return 0
+
+
+def _inventory(args) -> int:
+    inv = collect(load_federation(args.federation), tenant=args.tenant)
+    print(json.dumps(inv.to_dict(), indent=2) if args.json else inv.format())
+    return 0
+
+
+def _summary(args) -> int:
+    s = latest_summary(args.tenant, args.run_id, args.federation)
+    if args.json:
+        print(json.dumps(s, indent=2))
+        return 0
+    print(format_summary(s))
+    if args.demo:
+        m = s["metrics"]
+        drop = 1 - m["final_eval_loss"] / m["eval_loss_start"]
+        ok = drop >= args.min_loss_drop and m["iteration_time_gap_pct"] is not None
+        print(WHERE_TO_LOOK)
+        print(f"demo {'ok' if ok else 'failed'} {demo_line(s)}")
+        return 0 if ok else 1
+    return 0
+
+
+def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="crosscloud", description="crosscloud: training across sovereign clouds")
     sub = parser.add_subparsers(dest="command", required=True)
     p = sub.add_parser("summary", help="summary of a finished run (default: the tenant's newest cross-cloud run)")
@@ -124,6 +192,20 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--json", action="store_true", help="print the whole summary as JSON")
     p.add_argument("--demo", action="store_true", help="end with the demo's machine-readable line and check it")
     p.add_argument("--min-loss-drop", type=float, default=0.3, help="with --demo: required relative eval-loss drop")
+    p = sub.add_parser("train", help="train a program over the clouds, in this process (docs/programs.md)")
+    p.add_argument("program", help="a file relative to the project folder, or package.module")
+    p.add_argument("--arg", action="append", default=[], metavar="K=V", help="a program argument (run.args), JSON or text")
+    p.add_argument("--job", action="append", default=[], metavar="K=V", help="a job parameter, e.g. rounds=5 dataset=D")
+    p.add_argument("--clouds", help="comma-separated clouds (default: every cloud the tenant may use)")
+    p.add_argument("--run-id")
+    p.add_argument("--experiment", help="MLflow experiment to track the run in")
+    p.add_argument("--federation")
+    p = sub.add_parser("dataset", help="put a folder's train/ and val/ files in a files dataset's home store")
+    p.add_argument("action", choices=["put"])
+    p.add_argument("name")
+    p.add_argument("folder")
+    p.add_argument("--tenant", default="team-a")
+    p.add_argument("--federation")
     p = sub.add_parser("inventory", help="every cloud's pools, use and state; tenants' use against quota")
     p.add_argument("--tenant", help="show only this tenant's use and runs")
     p.add_argument("--federation")
@@ -142,33 +224,16 @@ def main(argv: list[str] | None = None) -> int:
     p = sub.add_parser("release", help="give back the devices a run holds (a run whose teardown never ran)")
     p.add_argument("--tenant", required=True)
     p.add_argument("--run-id", required=True)
-    args = parser.parse_args(argv)
-    if args.command == "inventory":
-        inv = collect(load_federation(args.federation), tenant=args.tenant)
-        print(json.dumps(inv.to_dict(), indent=2) if args.json else inv.format())
-        return 0
-    if args.command == "cloud":
-        return _cloud(args)
-    if args.command == "warm":
-        return _warm(args)
-    if args.command == "progress":
-        return _progress(args)
-    if args.command == "release":
-        print(f"released {Ledger().release(args.tenant, args.run_id)} device(s) of run {args.run_id}")
-        return 0
-    s = latest_summary(args.tenant, args.run_id, args.federation)
-    if args.json:
-        print(json.dumps(s, indent=2))
-        return 0
-    print(format_summary(s))
-    if args.demo:
-        m = s["metrics"]
-        drop = 1 - m["final_eval_loss"] / m["eval_loss_start"]
-        ok = drop >= args.min_loss_drop and m["iteration_time_gap_pct"] is not None
-        print(WHERE_TO_LOOK)
-        print(f"demo {'ok' if ok else 'failed'} {demo_line(s)}")
-        return 0 if ok else 1
-    return 0
+    return parser
+
+
+COMMANDS = {"summary": _summary, "train": _train, "dataset": _dataset, "inventory": _inventory, "warm": _warm,
+            "cloud": _cloud, "progress": _progress, "release": _release}
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    return COMMANDS[args.command](args)
 
 
 if __name__ == "__main__":

@@ -1,4 +1,5 @@
-"""Real runs on the embedded clouds that lose a sub-task, lose their coordinator, or see a cloud drained, and complete.
+"""Real runs on the embedded clouds whose sub-task is killed (and resumes, or is lost), whose coordinator
+is killed, or that see a cloud drained, and complete.
 
 Processes are killed for real (``os.kill`` with SIGKILL): a cloud's worker, and
 a coordinator running in its own process as the ``sync_checkpoints`` task does.
@@ -26,7 +27,7 @@ from crosscloud.pipeline.stages import admit_stage, aggregate_stage, dispatch_st
 from crosscloud.pool.membership import activate, drain
 from crosscloud.run.history import load_history
 from crosscloud.run.plan import Plan
-from crosscloud.store.commit import read_commit
+from crosscloud.store.commit import read_commit, read_object
 from crosscloud.store.open_store import open_store
 from crosscloud.training.checkpoint import quantized_global
 from crosscloud.training.compression import ErrorFeedback
@@ -62,11 +63,11 @@ def _when_rounds_done(run_id: str, n: int, action, done: threading.Event) -> thr
     return thread
 
 
-def _run_with(run_id: str, n: int, action, spec: JobSpec = SPEC, experiment: str | None = None) -> dict:
+def _run_with(run_id: str, n: int, action, spec: JobSpec = SPEC, experiment: str | None = None, log=lambda m: None) -> dict:
     done = threading.Event()
     watcher = _when_rounds_done(run_id, n, action, done)
     try:
-        return run_job(spec, run_id, experiment=experiment, log=lambda m: None, compare_baseline=False)
+        return run_job(spec, run_id, experiment=experiment, log=log, compare_baseline=False)
     finally:
         done.set()
         watcher.join()
@@ -77,18 +78,50 @@ def fault_free() -> dict:
     return run_job(BLOCKING, "faults-clean", log=lambda m: None, compare_baseline=False)
 
 
-def test_a_killed_subtask_is_lost_and_the_run_completes_as_well_as_without_the_fault(fault_free):
-    from mlflow.tracking import MlflowClient
-
-    run_id, killed = "faults-kill", []
-
-    def kill_singapore():
-        handle = get_backend("local").find(SPEC.tenant, run_id, "singapore")
+def _killer(run_id: str, cloud: str, killed: list):
+    def kill():
+        handle = get_backend("local").find(SPEC.tenant, run_id, cloud)
         for worker in psutil.Process(handle["pid"]).children(recursive=True):  # the worker under its wrapper shell
             os.kill(worker.pid, signal.SIGKILL)
             killed.append(worker.pid)
+    return kill
 
-    summary = _run_with(run_id, 1, kill_singapore, BLOCKING, experiment="faults")
+
+def _verify_every_commit(run_id: str) -> int:
+    """Read every committed object of the run in every store, each checked against its commit's sha256."""
+    fed, keys, checked = load_federation(), RunKeys(SPEC.tenant, run_id), 0
+    for cloud in fed.clouds:
+        store = open_store(cloud, SPEC.tenant)
+        for key in store.list(keys.root):
+            if key.endswith("/COMMIT.json"):
+                commit = read_commit(store, key.removesuffix("/COMMIT.json"))
+                for name in commit["objects"]:
+                    read_object(store, commit, name, reads=1)  # raises IntegrityError on any changed byte
+                    checked += 1
+    return checked
+
+
+@pytest.mark.program
+def test_a_sigkilled_subtask_resumes_from_its_own_state_and_changes_no_committed_object(fault_free):
+    run_id, killed, lines = "faults-resume", [], []
+    summary = _run_with(run_id, 1, _killer(run_id, "singapore", killed), BLOCKING, log=lines.append)
+    assert killed, "no worker process was killed: the fault was not injected"
+    history = summary["history"]
+    assert len(history) == SPEC.rounds and not any(r["lost"] for r in history)  # never declared lost
+    assert any("cloud singapore: sub-task failed" in line and "starting it again" in line for line in lines), lines
+    assert any("[singapore] resuming after round" in line for line in lines), lines
+    assert all(r["next_shares"]["singapore"] > 0 for r in history)  # it kept its share
+    assert _verify_every_commit(run_id) > 3 * SPEC.rounds
+    final, clean = summary["metrics"]["final_eval_loss"], fault_free["metrics"]["final_eval_loss"]
+    assert abs(final - clean) <= 0.05 * clean, (final, clean)
+
+
+def test_a_killed_subtask_without_restarts_is_lost_and_the_run_completes_as_well_as_without_the_fault(fault_free):
+    from mlflow.tracking import MlflowClient
+
+    run_id, killed = "faults-kill", []
+    spec = dataclasses.replace(BLOCKING, subtask_retries=0)
+    summary = _run_with(run_id, 1, _killer(run_id, "singapore", killed), spec, experiment="faults")
     assert killed, "no worker process was killed: the fault was not injected"
     history = summary["history"]
     lost = [r["round"] for r in history if "singapore" in r["lost"]]

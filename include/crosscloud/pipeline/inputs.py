@@ -8,7 +8,7 @@ Preheat then copies to each cloud only the bytes it lacks.
 
 from __future__ import annotations
 
-from pathlib import PurePosixPath
+from pathlib import Path, PurePosixPath
 from types import ModuleType
 from typing import NamedTuple
 
@@ -86,3 +86,21 @@ def materialize_inputs(fed: Federation, spec: JobSpec, program: LoadedProgram, i
     code_ref, _ = put_blob(home, spec.tenant, program.code, kind="program")
     ref = ProgramRef(name=program.ref_name, file=program.file, code=code_ref, family=program.family)
     return RunInputs(shard_refs, held_refs, init_ref, ref, [n for n, _ in train], [n for n, _ in held])
+
+
+def upload_dataset(fed: Federation, tenant: str, name: str, folder: Path) -> dict:
+    """Put ``folder/train/*`` and ``folder/val/*`` under a files dataset's prefixes in its home cloud's store."""
+    ds = fed.dataset(name)
+    if ds.source != "files":
+        raise ProgramError(f"dataset {name} is built from {ds.source}, not put from files")
+    store, sent = open_store(fed.cloud(ds.home), tenant), {"cloud": ds.home, "files": 0, "bytes": 0}
+    for sub, prefix in (("train", ds.prefix), ("val", ds.eval_prefix)):
+        files = sorted(p for p in (folder / sub).glob("*") if p.is_file())
+        if not files:
+            raise ProgramError(f"dataset {name}: {folder / sub} holds no files")
+        for path in files:
+            data = path.read_bytes()
+            store.put(f"{tenant}/{prefix.strip('/')}/{path.name}", data)
+            sent["files"] += 1
+            sent["bytes"] += len(data)
+    return sent
