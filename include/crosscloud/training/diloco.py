@@ -154,6 +154,7 @@ class DiLoCo:
         """Rank 0 commits round ``r`` unless it is committed already; a committed step is never written again."""
         step = self.keys.cloud_step(self.run.cloud, r)
         delta = {n: -p for n, p in progress.items()}
+        self.run.rounds_committed = r + 1  # every rank counts it: the program's end is checked on each
         if self.run.rank != 0:
             return
         t = time.perf_counter()
@@ -168,7 +169,6 @@ class DiLoCo:
                 "losses": losses, "step_s": work.step_s, "compute_s": work.compute_s, "folded_at_step": work.folded_at,
                 "cap": self.cap["cap"], "started_at": work.started_at, **self.ready,
                 "upload_s": time.perf_counter() - t})
-        self.run.rounds_committed = r + 1
         print(round_line(r, [x for x in losses if not math.isnan(x)], work, self.cap, self.ready,
                          self.spec.inner_steps), flush=True)
 

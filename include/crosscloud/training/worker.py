@@ -22,6 +22,8 @@ import runpy
 import sys
 import traceback
 
+import torch.distributed as dist
+
 from crosscloud.core.federation import load_federation
 from crosscloud.run.plan import Plan
 from crosscloud.store.open_store import open_store
@@ -65,6 +67,8 @@ def run_program(path: str, name: str, cloud: str) -> int:
         print(f"crosscloud: program {name} failed on cloud {cloud} (rank {rank}):\n{traceback.format_exc()}",
               file=sys.stderr, flush=True)
         return PROGRAM_FAILED
+    if dist.is_initialized():
+        dist.destroy_process_group()
     return 0
 
 
