@@ -25,14 +25,17 @@ def _npu_available() -> bool:
     return bool(getattr(torch, "npu", None) and torch.npu.is_available())
 
 
-def select_device(accelerator: str, local_rank: int, log: Callable[[str], None] = print) -> tuple[torch.device, str]:
-    """(device, process group backend) for a rank on a pool of ``accelerator``."""
+def select_device(accelerator: str, local_rank: int, log: Callable[[str], None] = print) -> tuple[str, str]:
+    """(device name, process group backend) for a rank on a pool of ``accelerator``.
+
+    A name, not a ``torch.device``: ``npu`` is a device type only once ``torch_npu`` is imported.
+    """
     kind = accelerator.split("-")[0]
     if kind in CUDA_LIKE and torch.cuda.is_available():
-        return torch.device(f"cuda:{local_rank}"), "nccl"
+        return f"cuda:{local_rank}", "nccl"
     if kind == "ascend" and _npu_available():
-        return torch.device(f"npu:{local_rank}"), "hccl"
+        return f"npu:{local_rank}", "hccl"
     if kind != "cpu":
         log(f"pool accelerator {accelerator}: no {'CUDA' if kind in CUDA_LIKE else kind} runtime on this host; "
             "training on the CPU")
-    return torch.device("cpu"), "gloo"
+    return "cpu", "gloo"

@@ -81,9 +81,16 @@ class Run:
         if self.state is None:
             return 0
         load_params(model, self.state.params)
-        optimizer.load_state_dict(self.state.optimizer)
+        optimizer.load_state_dict(_as_built(self.state.optimizer, optimizer))
         print(f"resuming after round {self.state.round} at step {self.state.steps}", flush=True)
         return self.state.steps
+
+
+def _as_built(saved: dict, optimizer: torch.optim.Optimizer) -> dict:
+    """A saved state_dict whose group settings were tuples where the optimizer has tuples (JSON keeps lists)."""
+    groups = [{k: tuple(v) if isinstance(now.get(k), tuple) and isinstance(v, list) else v for k, v in group.items()}
+              for group, now in zip(saved["param_groups"], optimizer.param_groups)]
+    return {**saved, "param_groups": groups}
 
 
 def parameters(model: torch.nn.Module) -> dict[str, torch.nn.Parameter]:
@@ -125,7 +132,8 @@ def init() -> Run:
     store = open_store(fed.cloud(cloud), env["CROSSCLOUD_TENANT"])
     plan = Plan.load(store, env["CROSSCLOUD_TENANT"], env["CROSSCLOUD_RUN_ID"])
     rank, world, local_rank = (int(env.get(k, d)) for k, d in (("RANK", 0), ("WORLD_SIZE", 1), ("LOCAL_RANK", 0)))
-    device, backend = select_device(plan.cloud(cloud).accelerator, local_rank)
+    name, backend = select_device(plan.cloud(cloud).accelerator, local_rank)
+    device = torch.device(name)
     if device.type == "cuda":
         torch.cuda.set_device(device)
     if world > 1 and not dist.is_initialized():
