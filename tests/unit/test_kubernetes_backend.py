@@ -249,7 +249,10 @@ def test_operator_request_matches_the_federation(planned_run, cloud_name):
     assert request.metadata.labels["crosscloud.io/cloud"] == cloud_name
     js, want = request.spec, manifest["spec"]
     assert (js.completions, js.parallelism, js.completion_mode, js.backoff_limit) == (
-        want["completions"], want["parallelism"], "Indexed", 0)
+        want["completions"], want["parallelism"], "Indexed", plan.spec.subtask_retries)
+    # a failed program (exit 4) or a stopped run (exit 3) fails the Job at once instead of using up its restarts
+    (rule,) = sent["spec"]["podFailurePolicy"]["rules"]
+    assert rule["action"] == "FailJob" and rule["onExitCodes"]["values"] == [3, 4]
     assert bool(js.suspend) == (cloud.access.scheduler == "kueue")
     pod = js.template.spec
     (container,) = pod.containers
@@ -290,6 +293,8 @@ def test_job_state_from_recorded_job_statuses():
     assert job_state(statuses["complete"], 2) == "succeeded"
     assert job_state(statuses["pod_failed"], 2) == "failed"
     assert job_state(statuses["deadline_exceeded"], 1) == "failed"
+    # written by hand: a pod failed and the Job, within its backoffLimit, starts another (no failure condition yet)
+    assert job_state({"active": 1, "failed": 1, "ready": 0, "startTime": "2026-12-03T08:00:05Z"}, 1) == "running"
 
 
 # -- the inventory asks the cluster's API for what it has free ----------------------------------------------

@@ -25,6 +25,7 @@ class SubTaskSpec:
     args: list[str] = field(default_factory=list)
     env: dict[str, str] = field(default_factory=dict)
     access: dict = field(default_factory=dict)  # the cloud's federation ``access`` section: where and how to start
+    retries: int = 0  # a backend that restarts sub-tasks itself (Kubernetes' backoffLimit) does so this many times
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -49,8 +50,13 @@ Handle = dict
 STATES = ("running", "succeeded", "failed", "lost")
 
 
+# the worker's exit codes that running it again cannot cure: the run was stopped, the program failed
+STOPPED, PROGRAM_FAILED = 3, 4
+
+
 class Backend:
     name: str
+    restarts_itself = False  # True: a sub-task that died is started again by the backend, not by the coordinator
 
     def start(self, spec: SubTaskSpec) -> Handle:
         raise NotImplementedError
@@ -62,6 +68,10 @@ class Backend:
     def logs(self, handle: Handle, offset: int = 0) -> tuple[str, int]:
         """Output written since ``offset``, and the offset to ask from next time."""
         raise NotImplementedError
+
+    def exit_code(self, handle: Handle) -> int | None:
+        """The ended sub-task's exit code, where the backend can tell it (None: running, or not known)."""
+        return None
 
     def stop(self, handle: Handle) -> None:
         raise NotImplementedError

@@ -16,7 +16,7 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from crosscloud.backends.base import Backend, Handle, RemoteState, SubTaskError, SubTaskSpec
+from crosscloud.backends.base import PROGRAM_FAILED, STOPPED, Backend, Handle, RemoteState, SubTaskError, SubTaskSpec
 from crosscloud.core.federation import Cloud, KubernetesPool
 from crosscloud.store.credentials import credential_env_names
 
@@ -167,7 +167,11 @@ def job_manifest(spec: SubTaskSpec, cloud: Cloud) -> dict:
         "completions": pods,
         "parallelism": pods,
         "completionMode": "Indexed",
-        "backoffLimit": 0,  # a lost sub-task is the coordinator's to handle, not a silent restart
+        # a pod that died is started again, and resumes from its cloud's state, this many times; a program
+        # that failed (exit 4) or a stopped run (exit 3) would only fail again, so it fails the Job at once
+        "backoffLimit": spec.retries,
+        "podFailurePolicy": {"rules": [{"action": "FailJob", "onExitCodes": {"containerName": "worker", "operator": "In",
+                                                                             "values": [STOPPED, PROGRAM_FAILED]}}]},
         "ttlSecondsAfterFinished": 86400,
         "template": {"metadata": {"labels": meta_labels, "annotations": pod_annotations}, "spec": pod_spec},
     }
@@ -227,11 +231,13 @@ def prepull_done(daemonset_status: dict) -> bool:
 
 
 def job_state(status: dict, pods: int) -> str:
-    """A Job's state from its API ``status``: every pod done is success; a failed pod or condition is failure."""
+    """A Job's state from its API ``status``: every pod done is success; the Job's failure condition is failure."""
     if (status.get("succeeded") or 0) >= pods:
         return "succeeded"
     conditions = status.get("conditions") or []
-    if status.get("failed") or any(c.get("type") == "Failed" and c.get("status") == "True" for c in conditions):
+    # a failed pod alone is a pod the Job starts again (backoffLimit); the Job has failed once the
+    # controller says so (FailureTarget while its pods terminate, then Failed)
+    if any(c.get("type") in ("Failed", "FailureTarget") and c.get("status") == "True" for c in conditions):
         return "failed"
     return "running"
 
@@ -290,6 +296,7 @@ def _kubeconfig_client(access: dict):
 
 class KubernetesBackend(Backend):
     name = "kubernetes"
+    restarts_itself = True  # the Job's backoffLimit
 
     def __init__(self) -> None:
         self._remote = RemoteState(REMOTE_POLL_S)

@@ -188,6 +188,11 @@ class SSHBackend(Backend):
         out = out.strip()
         return out if out in ("running", "lost") else ("succeeded" if out == "0" else "failed")
 
+    def exit_code(self, handle: Handle) -> int | None:
+        code, out = _run(handle["cloud"], handle["access"], f"cat {shlex.quote(handle['folder'])}/rc 2>/dev/null")
+        text = out.strip()
+        return int(text) if code == 0 and text.lstrip("-").isdigit() else None
+
     def logs(self, handle: Handle, offset: int = 0) -> tuple[str, int]:
         return self._remote.logs(handle["folder"], offset, lambda: self._read_log(handle, offset))
 

@@ -188,7 +188,7 @@ def subtask_spec(plan: Plan, cloud: str, env: dict[str, str] | None = None, acce
     args = ["--tenant", plan.tenant, "--run-id", plan.run_id, "--cloud", cloud, "--federation", plan.federation_path]
     return SubTaskSpec(
         tenant=plan.tenant, run_id=plan.run_id, cloud=cloud, image=me.image, accelerator=me.accelerator,
-        devices=me.devices, args=args, env=env or {}, access=access or {},
+        devices=me.devices, args=args, env=env or {}, access=access or {}, retries=plan.spec.subtask_retries,
     )
 
 

@@ -24,6 +24,7 @@ from collections.abc import Callable
 import torch
 
 from crosscloud.backends import Backend, Handle, get_backend
+from crosscloud.backends.base import PROGRAM_FAILED
 from crosscloud.grid.demand_response import read_directives
 from crosscloud.pool.ledger import Ledger
 from crosscloud.pool.partition import apportion, rebalance_shares
@@ -37,7 +38,6 @@ from crosscloud.training.checkpoint import MOMENTUM, PARAMS, RESIDUAL, UPDATE, f
 from crosscloud.training.compression import ErrorFeedback
 from crosscloud.training.evaluation import Evaluator
 from crosscloud.training.program import ProgramError
-from crosscloud.training.worker import PROGRAM_FAILED
 from crosscloud.training.outer import SYNCHRONOUS, OuterConfig, outer_step, round_config, weighted_mean
 from crosscloud.training.screening import screen
 
@@ -146,7 +146,8 @@ class Coordinator:
         # a sub-task that died is started again (by the caller's dispatch) this many times before its cloud is lost;
         # a backend that restarts its own (Kubernetes' backoffLimit) reports it running meanwhile
         self.restart = restart
-        self.restarts_left = {c: plan.spec.subtask_retries if restart else 0 for c in self.handles}
+        self.restarts_left = {c: plan.spec.subtask_retries if restart and not self.backends[c].restarts_itself else 0
+                              for c in self.handles}
         self.restarted_at: dict[str, float] = {}
 
     def relay_logs(self) -> None:
@@ -170,7 +171,7 @@ class Coordinator:
         if state == "running":
             return None
         self.relay_logs()
-        code = getattr(backend, "exit_code", lambda h: None)(handle)
+        code = backend.exit_code(handle)
         if code == PROGRAM_FAILED:
             raise ProgramError(f"program {self.plan.program.name if self.plan.program else '?'} failed on cloud {cloud} "
                                "(its traceback is in the log above); the run stops")
@@ -178,8 +179,8 @@ class Coordinator:
             self.restarts_left[cloud] -= 1
             self.log(f"cloud {cloud}: sub-task {state} (exit code {code}); starting it again, it resumes from its last "
                      f"round ({self.restarts_left[cloud]} restart(s) left)")
-            self.handles[cloud] = self.restart(cloud)
-            self.log_offsets[cloud] = 0
+            self.handles[cloud] = self.restart(cloud)  # its log goes on in the same file: the offset stays
+            self.backends[cloud] = get_backend(self.handles[cloud]["backend"])  # nothing remembered of the dead one
             self.restarted_at[cloud] = time.monotonic()
             return None
         return f"sub-task is {state} before committing its round (see its log above)"

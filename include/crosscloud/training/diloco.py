@@ -139,7 +139,9 @@ class DiLoCo:
         self.known.record(r, progress)
         self.ready["download_s"] += work.fold_s
         if self.run.rank == 0:
+            ts = time.perf_counter()
             save_state(self.run.store, self.keys, self.run.cloud, self._state(r))
+            work.state_s = time.perf_counter() - ts
         self._commit(r, progress, work)
         self._after_round(r)
 
@@ -168,7 +170,7 @@ class DiLoCo:
                 "round": r, "cloud": self.run.cloud, "samples": self.share * self.spec.inner_steps,
                 "losses": losses, "step_s": work.step_s, "compute_s": work.compute_s, "folded_at_step": work.folded_at,
                 "cap": self.cap["cap"], "started_at": work.started_at, **self.ready,
-                "upload_s": time.perf_counter() - t})
+                "upload_s": time.perf_counter() - t + work.state_s})  # the round's writes: its state and its delta
         print(round_line(r, [x for x in losses if not math.isnan(x)], work, self.cap, self.ready,
                          self.spec.inner_steps), flush=True)
 

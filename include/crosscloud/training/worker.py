@@ -24,6 +24,7 @@ import traceback
 
 import torch.distributed as dist
 
+from crosscloud.backends.base import PROGRAM_FAILED, STOPPED
 from crosscloud.core.federation import load_federation
 from crosscloud.run.plan import Plan
 from crosscloud.store.open_store import open_store
@@ -31,8 +32,6 @@ from crosscloud.training import session
 from crosscloud.training.diloco import check_finished
 from crosscloud.training.program import ProgramError, local_file
 from crosscloud.training.rounds import Stopped
-
-STOPPED, PROGRAM_FAILED = 3, 4
 
 
 def _program_file(args: argparse.Namespace) -> tuple[str, str]:
