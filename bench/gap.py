@@ -35,6 +35,7 @@ from pathlib import Path
 
 import yaml
 
+from crosscloud.core.federation import DEFAULT_FEDERATION, load_federation
 from crosscloud.core.job import LR_SCALINGS, JobSpec
 from crosscloud.core.paths import state_dir
 from crosscloud.pipeline.stages import run_job
@@ -62,8 +63,11 @@ def federation(bandwidth_mbps: float, rtt_ms: float) -> dict:
             {"a": "site-a", "b": "cloud-b", "bandwidth_mbps": bandwidth_mbps, "latency_ms": rtt_ms, "emulate": True},
         ],
         "tenants": [{"name": "bench", "quotas": {"site-a": 2, "site-a-zone2": 1, "cloud-b": 1}}],
-        "images": [{"accelerator": "cpu", "family": "byte-lm", "image": "crosscloud-worker:cpu"}],
-        "datasets": [{"name": "python-stdlib", "source": "python-stdlib", "shards": 12, "home": "site-a"}],
+        # the embedded federation's model families and datasets, homed at site A: any program it can run runs here
+        "images": [{"accelerator": "cpu", "family": f, "image": "crosscloud-worker:cpu"}
+                   for f in sorted({i.family for i in load_federation(DEFAULT_FEDERATION).images})],
+        "datasets": [{**d.model_dump(exclude_none=True), "home": "site-a", "residency": None}
+                     for d in load_federation(DEFAULT_FEDERATION).datasets],
     }
 
 
@@ -105,6 +109,18 @@ def run_config(name: str, base: dict, fed_path: Path, tag: str, log) -> dict:
             "curve": curve}
 
 
+def program_args(pairs: list[str]) -> dict:
+    """--arg K=V pairs as the program's arguments, values as JSON where they parse."""
+    out = {}
+    for pair in pairs:
+        key, _, value = pair.partition("=")
+        try:
+            out[key] = json.loads(value)
+        except ValueError:
+            out[key] = value
+    return out
+
+
 def write_federation(folder: Path, bandwidth: float, rtt: float) -> Path:
     path = folder / f"federation-{bandwidth:g}.yaml"
     path.write_text(yaml.safe_dump(federation(bandwidth, rtt)))
@@ -137,6 +153,9 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--bandwidth-mbps", type=float, default=100.0)
     p.add_argument("--rtt-ms", type=float, default=50.0)
+    p.add_argument("--program", default=JobSpec.program, help="the training program every configuration runs")
+    p.add_argument("--arg", action="append", default=[], metavar="K=V", help="a program argument (JSON or text)")
+    p.add_argument("--dataset", default=JobSpec.dataset, help="the federation's dataset (default: the program's own)")
     p.add_argument("--model-size", default="small")
     p.add_argument("--rounds", type=int, default=80)
     p.add_argument("--inner-steps", type=int, default=20)
@@ -160,10 +179,12 @@ def main(argv: list[str] | None = None) -> int:
     tag = time.strftime("%Y%m%d-%H%M%S")
     base = {"model_size": args.model_size, "rounds": args.rounds, "inner_steps": args.inner_steps,
             "global_batch": args.global_batch, "inner_lr": args.inner_lr, "seed": args.seed, "overlap": not args.no_overlap,
-            "compression": args.compression, "local_lr_scaling": args.local_lr_scaling, "fold_mix": args.fold_mix}
+            "compression": args.compression, "local_lr_scaling": args.local_lr_scaling, "fold_mix": args.fold_mix,
+            "program": args.program, "program_args": program_args(args.arg), "dataset": args.dataset}
     folder = Path(tempfile.mkdtemp(prefix="bench-gap-"))
     fed = write_federation(folder, args.bandwidth_mbps, args.rtt_ms)
-    print(f"link {args.bandwidth_mbps:g} Mbit/s, {args.rtt_ms:g} ms RTT; model {args.model_size}, "
+    print(f"link {args.bandwidth_mbps:g} Mbit/s, {args.rtt_ms:g} ms RTT; program {args.program} {base['program_args']}, "
+          f"model {args.model_size}, "
           f"{args.rounds} rounds x {args.inner_steps} steps, global batch {args.global_batch}", flush=True)
     runs: dict[str, list[dict]] = {name: [] for name in CONFIGS}
     for i in range(args.repeats):  # interleaved, so that a slow spell of the machine hits every configuration

@@ -257,7 +257,8 @@ class Dataset(_Model):
 
     ``files``: every object under ``<tenant>/<prefix>`` in the home cloud's store is one training
     shard (tokenized ``.bin``/``.npy``/safetensors or Parquet, as the program reads them), and every
-    object under ``<tenant>/<eval_prefix>`` is held out for evaluation.
+    object under ``<tenant>/<eval_prefix>`` is held out for evaluation. A team puts them there
+    (``crosscloud dataset put``), or names a ``prepare`` script that writes them on first use.
     """
 
     name: str
@@ -267,6 +268,8 @@ class Dataset(_Model):
     residency: str | None = Field(default=None, description="jurisdiction the raw data may not leave")
     prefix: str | None = Field(default=None, description="files: the training shards' folder in the home store")
     eval_prefix: str | None = Field(default=None, description="files: the held-out files' folder in the home store")
+    prepare: str | None = Field(default=None, description="files: a script (relative to the project folder) run as "
+                                "`python SCRIPT --out DIR` to write DIR/train and DIR/val when the store has none yet")
 
     @model_validator(mode="after")
     def _source_settings(self) -> Dataset:

@@ -16,6 +16,7 @@ MODES = ("cross_cloud", "single_cluster")
 PLACEMENTS = ("spread", "auto")
 LR_SCALINGS = ("none", "sqrt", "linear")
 DEFAULT_PROGRAM = "examples/byte_lm/train.py"
+DEFAULT_DATASET = "python-stdlib"  # what a job reads when neither it nor its program names a dataset
 
 
 class JobSpecError(ValueError):
@@ -48,7 +49,7 @@ class JobSpec:
     devices_per_cloud: int = 1
     placement: Literal["spread", "auto"] = "spread"  # spread: every eligible cloud; auto: crosscloud chooses
     devices: int = 2  # devices in all for placement auto (one cloud when one suffices, else a split)
-    dataset: str = "python-stdlib"
+    dataset: str = ""  # empty: the program's own DATASET, else python-stdlib
     seed: int = 0
     mode: Literal["cross_cloud", "single_cluster"] = "cross_cloud"
     inner_lr: float = 3e-3
@@ -123,6 +124,11 @@ class JobSpec:
     def outer(self) -> OuterConfig:
         """The outer step this job asks for (the last round's is fixed by ``training.outer.round_config``)."""
         return OuterConfig(lr=self.outer_lr, momentum=self.outer_momentum)
+
+    @property
+    def dataset_name(self) -> str:
+        """The dataset this job reads; admission settles an empty one to the program's own DATASET first."""
+        return self.dataset or DEFAULT_DATASET
 
     def program_run_args(self) -> dict:
         """What the program reads as ``run.args``: the job's own knobs, overridden by its ``program_args``."""

@@ -8,12 +8,15 @@ Preheat then copies to each cloud only the bytes it lacks.
 
 from __future__ import annotations
 
+import subprocess
+import sys
+import tempfile
 from pathlib import Path, PurePosixPath
 from types import ModuleType
 from typing import NamedTuple
 
 from crosscloud.core.federation import Dataset, Federation
-from crosscloud.core.job import JobSpec
+from crosscloud.core.job import DEFAULT_DATASET, JobSpec
 from crosscloud.run.plan import ProgramRef
 from crosscloud.store.base import ObjectStore
 from crosscloud.store.chunks import BlobRef, ChunkIndex, put_blob
@@ -41,13 +44,26 @@ class LoadedProgram(NamedTuple):
     file: str
     code: bytes
     family: str
+    dataset: str  # the dataset it reads unless the job names one (its DATASET)
 
 
 def load_job_program(spec: JobSpec) -> LoadedProgram:
     """The job's program, imported here to check it and to read its family before anything is admitted."""
     path = program_source(spec.program)
     module = load_program(path, spec.program)
-    return LoadedProgram(module, spec.program, path.name, path.read_bytes(), program_family(module, spec.program))
+    return LoadedProgram(module, spec.program, path.name, path.read_bytes(), program_family(module, spec.program),
+                         getattr(module, "DATASET", DEFAULT_DATASET))
+
+
+def _prepared(fed: Federation, tenant: str, ds: Dataset) -> None:
+    """Run a files dataset's ``prepare`` script and put what it wrote in the home store: its first use."""
+    with tempfile.TemporaryDirectory(prefix=f"prepare-{ds.name}-") as out:
+        script = program_source(ds.prepare)
+        done = subprocess.run([sys.executable, str(script), "--out", out], capture_output=True, text=True)
+        if done.returncode != 0:
+            raise ProgramError(f"dataset {ds.name}: {ds.prepare} --out {out} failed ({done.returncode}):\n"
+                               f"{done.stderr[-2000:]}")
+        upload_dataset(fed, tenant, ds.name, Path(out))
 
 
 def _files(store: ObjectStore, tenant: str, prefix: str, what: str, ds: Dataset) -> list[tuple[str, bytes]]:
@@ -66,6 +82,8 @@ def dataset_files(fed: Federation, spec: JobSpec) -> tuple[list[tuple[str, bytes
         shards, held_out = build_corpus(ds.shards, spec.seed)
         return [(f"shard-{i:03d}.bin", s) for i, s in enumerate(shards)], [("held-out-000.bin", held_out)]
     home = open_store(fed.cloud(ds.home), spec.tenant)
+    if ds.prepare and not home.list(f"{spec.tenant}/{ds.prefix.strip('/')}"):
+        _prepared(fed, spec.tenant, ds)
     return _files(home, spec.tenant, ds.prefix, "training", ds), _files(home, spec.tenant, ds.eval_prefix, "held-out", ds)
 
 

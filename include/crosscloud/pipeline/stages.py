@@ -8,6 +8,7 @@ id): the plan in the coordinator's store is the single source of truth.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import time
 from collections.abc import Callable
@@ -136,6 +137,7 @@ def admit_stage(
     federation_path = str(resolve_federation_path(federation_path))
     fed = load_federation(federation_path)
     program = load_job_program(spec)
+    spec = dataclasses.replace(spec, dataset=spec.dataset or program.dataset)
     _check_runnable(fed, spec, program.family)
     inputs = materialize_inputs(fed, spec, program, init)
     ledger = Ledger()

@@ -41,10 +41,10 @@ class Admission:
 def job_request(fed: Federation, spec: JobSpec, family: str, data_bytes: int, data_at: set[str], devices: int) -> JobRequest:
     """The placement view of a training run: size, run-time estimate, data and the tenant's quota."""
     tenant = fed.tenant(spec.tenant)
-    ds = fed.dataset(spec.dataset)
+    ds = fed.dataset(spec.dataset_name)
     samples = spec.rounds * spec.inner_steps * spec.global_batch
     return JobRequest(
-        name=spec.dataset,
+        name=spec.dataset_name,
         tenant=spec.tenant,
         family=family,
         devices=devices,

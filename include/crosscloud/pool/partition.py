@@ -64,7 +64,7 @@ def partition(fed: Federation, spec: JobSpec, family: str, parts: list[Part], n_
         )
     shares = apportion(spec.global_batch, [c.throughput for c in clouds])
     clouds = [c.model_copy(update={"share": s}) for c, s in zip(clouds, shares)]
-    shards = assign_shards(fed, spec.dataset, n_shards, clouds)
+    shards = assign_shards(fed, spec.dataset_name, n_shards, clouds)
     return [c.model_copy(update={"shards": shards[c.name]}) for c in clouds]
 
 
