@@ -161,3 +161,11 @@ def test_a_committed_step_is_never_written_again(environment):
     with pytest.raises(IntegrityError, match="already committed with other content"):
         write_step(store, step, {"delta.safetensors": b"second"})
     assert store.get(f"{step}/delta.safetensors") == b"first"  # the retry wrote nothing
+
+
+def test_the_documented_program_is_the_one_the_tests_train():
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    documented = (root / "docs" / "programs.md").read_text().split("```python\n", 1)[1].split("```", 1)[0]
+    assert (root / "tests" / "programs" / "bigram.py").read_text().endswith(documented)
