@@ -43,6 +43,7 @@ import torch.nn.functional as F
 from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM
 
 FAMILY = "hf-causal-lm"
+DATASET = "stdlib-bpe"  # the federation dataset of token files prepare.py writes (unless the job names another)
 
 VOCAB_SIZE = 4096  # prepare.py's default --vocab-size
 EOS_ID = 0  # prepare.py's one special token, <|endoftext|>
