@@ -6,7 +6,8 @@ sub-tasks of their own), small model, few rounds. First a fault-free run of the
 seed, then one run per fault, each injected for real once ``--at-round`` rounds
 are committed:
 
-- ``kill``: the ``--cloud``'s worker process is killed (SIGKILL);
+- ``kill``: the ``--cloud``'s worker process is killed (SIGKILL); it is started again and
+  resumes from its cloud's own state (or, with ``subtask_retries`` 0, is lost);
 - ``outage``: shanghai's store (an S3 server behind a gate) refuses every
   connection for ``--outage-s`` seconds; transfers retry with backoff;
 - ``corrupt``: one bit of the cloud's committed delta flipped on disk;
@@ -67,6 +68,7 @@ class Bench:
         self.spec, self.fed_path, self.cloud, self.at_round = spec, fed_path, cloud, at_round
         self.fed = load_federation(fed_path)
         self.damaged: set[tuple[str, str]] = set()  # (cloud, key) of the objects the benchmark damaged itself
+        self.lines: list[str] = []  # the coordinator's log of the runs
 
     def store(self, cloud: str):
         from crosscloud.store.open_store import open_store
@@ -96,9 +98,10 @@ class Bench:
         from crosscloud.pipeline.stages import run_job
 
         done = threading.Event()
+        self.lines = []  # this run's log only
         watcher = self.at(run_id, action, done) if action else None
         try:
-            return run_job(self.spec, run_id, self.fed_path, log=lambda m: None, compare_baseline=False)
+            return run_job(self.spec, run_id, self.fed_path, log=self.lines.append, compare_baseline=False)
         except Exception as exc:  # reported as not recovered; the schedule goes on
             print(f"  run {run_id} failed: {exc!r}", flush=True)
             return None
@@ -217,7 +220,11 @@ def kill(bench: Bench, run_id: str, args) -> Outcome:
         for pid in bench.worker_pids(run_id, bench.cloud):
             os.kill(pid, signal.SIGKILL)
 
-    return bench.outcome(run_id, bench.run(run_id, inject), lambda h: any(bench.cloud in r.get("lost", {}) for r in h))
+    def detected(history: list[dict]) -> bool:  # started again (it resumes), or lost once its restarts are spent
+        restarted = any(f"cloud {bench.cloud}: sub-task failed" in line and "starting it again" in line for line in bench.lines)
+        return restarted or any(bench.cloud in r.get("lost", {}) for r in history)
+
+    return bench.outcome(run_id, bench.run(run_id, inject), detected)
 
 
 def corrupt(bench: Bench, run_id: str, args) -> Outcome:
