@@ -5,7 +5,7 @@ STAMP := $(VENV)/.installed-stamp
 ENV := source scripts/env.sh &&
 SHELL := /bin/bash
 
-.PHONY: install demo test bench-gap bench-scheduling bench-preheat bench-electricity bench-demand-response bench-faults airflow-ui mlflow-ui clean
+.PHONY: install demo test bench-gap bench-scheduling bench-preheat bench-electricity bench-demand-response bench-faults bench-sdk airflow-ui mlflow-ui clean
 
 $(STAMP): requirements.txt requirements-dev.txt constraints.txt pyproject.toml
 	python3 -m venv $(VENV)
@@ -39,6 +39,9 @@ bench-demand-response: install
 
 bench-faults: install
 	$(ENV) $(PY) bench/faults.py $(ARGS)
+
+bench-sdk: install
+	$(ENV) $(PY) bench/sdk.py $(ARGS)
 
 airflow-ui: install
 	$(ENV) mkdir -p $$AIRFLOW_HOME && $(VENV)/bin/airflow standalone
