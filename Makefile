@@ -17,7 +17,7 @@ $(STAMP): requirements.txt requirements-dev.txt constraints.txt pyproject.toml
 install: $(STAMP)
 
 demo: install
-	bash scripts/demo.sh
+	PROGRAM="$(PROGRAM)" bash scripts/demo.sh
 
 test: install
 	$(ENV) $(VENV)/bin/pytest $(ARGS)
