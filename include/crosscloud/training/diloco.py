@@ -171,8 +171,10 @@ class DiLoCo:
                 "losses": losses, "step_s": work.step_s, "compute_s": work.compute_s, "folded_at_step": work.folded_at,
                 "cap": self.cap["cap"], "started_at": work.started_at, **self.ready,
                 "upload_s": time.perf_counter() - t + work.state_s})  # the round's writes: its state and its delta
-        print(round_line(r, [x for x in losses if not math.isnan(x)], work, self.cap, self.ready,
-                         self.spec.inner_steps), flush=True)
+        trained = [x for x in losses if not math.isnan(x)]
+        line = (f"round {r}: trained before the restart, committed" if not trained and self.share > 0 else
+                round_line(r, trained, work, self.cap, self.ready, self.spec.inner_steps))
+        print(line, flush=True)
 
     def _after_round(self, r: int) -> None:
         if r >= self.spec.rounds - 1:
