@@ -11,15 +11,16 @@ are committed:
 - ``outage``: shanghai's store (an S3 server behind a gate) refuses every
   connection for ``--outage-s`` seconds; transfers retry with backoff;
 - ``corrupt``: one bit of the cloud's committed delta flipped on disk;
-- ``poison``: the cloud's committed delta replaced by a well-formed one 1000x
-  its norm, with a commit that vouches for it (a cloud lying about its work);
+- ``poison``: the cloud commits a well-formed delta 1000x the norm of its last
+  one, with a commit that vouches for it (a cloud lying about its work);
 - ``drain``: the cloud set to draining in the ledger;
 - ``coordinator``: the coordinator, in its own process as the
   ``sync_checkpoints`` task, killed (SIGKILL) and started again.
 
-A delta must be damaged before the coordinator reads it:
-beijing's worker is paused (SIGSTOP) until the cloud's delta of the round the
-coordinator waits for is committed and damaged, then resumed.
+A flipped bit is damage at rest after the commit: beijing's worker is paused
+(SIGSTOP) until the cloud's delta of the round the coordinator waits for is
+committed and damaged, then resumed. A poisoned delta is committed in the
+cloud's name while its worker is paused mid-round.
 
 Per fault: ``detected`` (the run's record names the fault), ``recovered`` (the
 run completed all its rounds), ``rounds_lost`` (rounds of work that never
@@ -153,22 +154,32 @@ class Bench:
         store.put(entry["key"], bytes(data))
         self.damaged.add((self.cloud, entry["key"]))
 
-    def poison(self, store, commit: dict, plan) -> None:
-        """The delta replaced by 1000x itself, the commit re-written to vouch for it: well-formed and sha256-consistent."""
-        from crosscloud.store.digest import sha256
+    def commit_poisoned_delta(self, run_id: str) -> None:
+        """The cloud lies about its work: its next round committed by it as 1000x its last delta, well-formed and
+        sha256-consistent. Its worker is paused mid-round while the lie is committed in its name; resumed, it
+        finds the round committed and, as a committed step is never written again, goes on without writing it."""
+        from crosscloud.run.plan import Plan
+        from crosscloud.store.commit import read_commit, write_step
         from crosscloud.store.tensors import to_bytes
         from crosscloud.training.compression import encode
         from crosscloud.training.coordinator import load_global
         from crosscloud.training.screening import read_delta
 
-        params = load_global(store, plan, 0)[0]
-        delta = {n: 1000.0 * t for n, t in read_delta(store, self.cloud, commit, params).items()}
-        name, entry = next(iter(commit["objects"].items()))
-        data = to_bytes(encode(delta) if name.endswith(".int8.safetensors") else delta)
-        store.put(entry["key"], data)
-        forged = {**commit, "objects": {name: {**entry, "size": len(data), "sha256": sha256(data)}}}
-        store.put(f"{entry['key'].rsplit('/', 1)[0]}/COMMIT.json", json.dumps(forged, sort_keys=True).encode())
-        self.damaged.add((self.cloud, entry["key"]))
+        store = self.store(self.cloud)
+        plan = Plan.load(store, self.spec.tenant, run_id)
+        holder = self.worker_pids(run_id, self.cloud)
+        for pid in holder:
+            os.kill(pid, signal.SIGSTOP)
+        try:  # the first round it has not committed, read once it is stopped, so that it cannot change
+            r = next(r for r in range(self.spec.rounds) if read_commit(store, plan.keys.cloud_step(self.cloud, r)) is None)
+            last = read_commit(store, plan.keys.cloud_step(self.cloud, r - 1))
+            delta = {n: 1000.0 * t for n, t in read_delta(store, self.cloud, last, load_global(store, plan, 0)[0]).items()}
+            name = next(iter(last["objects"]))
+            data = to_bytes(encode(delta) if name.endswith(".int8.safetensors") else delta)
+            write_step(store, plan.keys.cloud_step(self.cloud, r), {name: data}, meta={**last["meta"], "round": r})
+        finally:
+            for pid in holder:
+                os.kill(pid, signal.SIGCONT)
 
     def outcome(self, run_id: str, summary: dict | None, detect: Detect) -> Outcome:
         return summary, detect, self.committed_bytes_lost(run_id)
@@ -233,7 +244,7 @@ def corrupt(bench: Bench, run_id: str, args) -> Outcome:
 
 
 def poison(bench: Bench, run_id: str, args) -> Outcome:
-    summary = bench.run(run_id, lambda: bench.damage_next_delta(run_id, bench.poison))
+    summary = bench.run(run_id, lambda: bench.commit_poisoned_delta(run_id))
     return bench.outcome(run_id, summary, lambda h: any("norm" in r.get("refused", {}).get(bench.cloud, "") for r in h))
 
 
