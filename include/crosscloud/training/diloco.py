@@ -135,19 +135,20 @@ class DiLoCo:
         """Commit round ``self.round``'s pseudo-gradient, after saving the state a restart goes on from."""
         work, r = self.work, self.round
         work.compute_s = time.perf_counter() - self._t_round - work.fold_s
-        progress = {n: (p - self.base[n]).cpu() for n, p in _fp32(self.model).items()}
+        params = _fp32(self.model)  # one copy of the round's end, for its progress and the saved state
+        progress = {n: (p - self.base[n]).cpu() for n, p in params.items()}
         self.known.record(r, progress)
         self.ready["download_s"] += work.fold_s
         if self.run.rank == 0:
             ts = time.perf_counter()
-            save_state(self.run.store, self.keys, self.run.cloud, self._state(r))
+            save_state(self.run.store, self.keys, self.run.cloud, self._state(r, params))
             work.state_s = time.perf_counter() - ts
         self._commit(r, progress, work)
         self._after_round(r)
 
-    def _state(self, r: int) -> CloudState:
+    def _state(self, r: int, params: dict[str, torch.Tensor]) -> CloudState:
         return CloudState(
-            round=r, steps=self.steps, params={n: t.cpu() for n, t in _fp32(self.model).items()},
+            round=r, steps=self.steps, params={n: t.cpu() for n, t in params.items()},
             optimizer=self.opt.state_dict(), known_round=self.known.round, known_params=self.known.params,
             own=dict(self.known.own), drift=self.known.drift, metas=self.known.metas,
             residual=dict(self.feedback.residual) if self.feedback else {}, share=self.share)
