@@ -12,7 +12,7 @@ from crosscloud.core.keys import RunKeys
 from crosscloud.pipeline.stages import run_job
 from crosscloud.pool.ledger import Ledger
 from crosscloud.store.open_store import open_store
-from crosscloud.training.coordinator import SubTaskLost
+from crosscloud.training.watcher import SubTaskLost
 from crosscloud.training.program import ProgramError
 
 pytestmark = [pytest.mark.e2e, pytest.mark.program, pytest.mark.slow]

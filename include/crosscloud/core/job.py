@@ -72,6 +72,8 @@ class JobSpec:
     program_args: dict = field(default_factory=dict)  # handed to the program as run.args, over the job's own knobs
     # a sub-task that died (not one whose program raised) is started again this many times before its cloud is lost
     subtask_retries: int = 2
+    # rounds of deltas and globals each cloud keeps in its store (the final model stays): 2 is what restarts need
+    keep_rounds: int = 2
 
     def __post_init__(self) -> None:
         checks = [
@@ -95,6 +97,7 @@ class JobSpec:
             (bool(self.program.strip()), "program", "must name a program file or package.module"),
             (isinstance(self.program_args, dict), "program_args", f"must be a JSON object, got {self.program_args!r}"),
             (self.subtask_retries >= 0, "subtask_retries", f"must be >= 0, got {self.subtask_retries}"),
+            (self.keep_rounds >= 2, "keep_rounds", f"must be >= 2 (a restarted cloud reads the last two), got {self.keep_rounds}"),
         ]
         for ok, name, message in checks:
             if not ok:

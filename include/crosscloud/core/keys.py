@@ -59,6 +59,19 @@ class RunKeys:
         """Written when a cloud's program first calls the SDK: a stalled run can tell a program that never did."""
         return f"{self.root}/state/{validate_name(cloud, 'cloud')}/sdk-started.json"
 
+    def members(self, round_: int) -> str:
+        """Who is in round ``round_`` and what it decided, written once in the home store by the first cloud to know."""
+        return f"{self.root}/rounds/{int(round_)}/MEMBERS.json"
+
+    def evaluation(self, global_: int) -> str:
+        """The held-out loss of global ``global_``, written by the cloud that evaluated it."""
+        return f"{self.root}/rounds/eval/{int(global_)}.json"
+
+    @property
+    def watch(self) -> str:
+        """What the watcher (Airflow) knows and the clouds cannot: sub-tasks ended or restarted, clouds draining."""
+        return f"{self.root}/rounds/watch.json"
+
     @property
     def final(self) -> str:
         return f"{self.root}/final"

@@ -32,16 +32,15 @@ from crosscloud.run.history import load_history
 from crosscloud.run.plan import Candidate, Plan
 from crosscloud.store.base import StoreError
 from crosscloud.store.chunks import BlobRef, ChunkIndex, warmth
-from crosscloud.store.commit import read_commit, write_step
+from crosscloud.store.commit import read_commit, read_object, write_step
 from crosscloud.store.credentials import credentials_env, require_credentials
-from crosscloud.store.network import nearest_first, network, store_seen_from, wan_bytes
+from crosscloud.store.network import nearest_first, network, store_seen_from
 from crosscloud.store.open_store import open_store
-from crosscloud.store.tensors import to_bytes
 from crosscloud.tracking import plots, registry
 from crosscloud.tracking.mlflow_runs import Tracker
 from crosscloud.tracking.run_report import load_run
-from crosscloud.training.coordinator import Coordinator, load_global
-from crosscloud.training.evaluation import Evaluator
+from crosscloud.training.exchange.cloud import PARAMS
+from crosscloud.training.watcher import Watcher
 
 Log = Callable[[str], None]
 
@@ -213,7 +212,8 @@ def dispatch_stage(ref: RunRef, cloud: str) -> Handle:
     fed, plan = ref.load()
     check_warm(fed, plan, cloud)
     access = fed.cloud(cloud).access
-    spec = subtask_spec(plan, cloud, env=credentials_env(fed.cloud(cloud), plan.tenant), access=access.model_dump())
+    env = {k: v for c in plan.clouds for k, v in credentials_env(fed.cloud(c.name), plan.tenant).items()}  # it reads its peers' deltas
+    spec = subtask_spec(plan, cloud, env=env, access=access.model_dump())
     return get_backend(access.method).start(spec)
 
 
@@ -241,26 +241,34 @@ def _tracker(plan: Plan):
     return Tracker()
 
 
-def sync_stage(ref: RunRef, handles: list[Handle], log: Log = print) -> list[dict]:
-    """Run the coordinator; on failure stop the sub-tasks so nothing trains on unattended."""
+def watcher(ref: RunRef, handles: list[Handle], log: Log = print) -> Watcher:
+    """The run's watcher, as the home cloud's host reaches the clouds' stores; a dead sub-task is dispatched again."""
     fed, plan = ref.load()
     stores = {c.name: store_seen_from(fed, c.name, plan.coordinator_cloud, plan.tenant) for c in plan.clouds}
-    tracker = _tracker(plan)
-    sent = [wan_bytes()]
+    return Watcher(plan, stores, handles, log=log, restart=lambda cloud: dispatch_stage(ref, cloud), ledger=Ledger())
+
+
+def track_round(plan: Plan, tracker, log: Log) -> Callable[[dict], None]:
+    """Records each round in MLflow as the watcher records it; an MLflow outage is retried, then only logged."""
 
     def on_round(record: dict) -> None:
-        now = wan_bytes()
-        record["wan_bytes"], sent[0] = now - sent[0], now
-        if tracker:
-            tracker.log_round(plan, record)
+        if tracker is None:
+            return
+        for attempt in range(3):
+            try:
+                tracker.log_round(plan, record)
+                return
+            except Exception as exc:  # MLflow down: training goes on, the round stays in history.json
+                log(f"round {record['round']}: MLflow did not take the round ({exc}); attempt {attempt + 1} of 3")
+                time.sleep(1.0 + attempt)
 
-    coordinator = Coordinator(plan, stores, handles, log=log, on_round=on_round,
-                              restart=lambda cloud: dispatch_stage(ref, cloud))
-    try:
-        return coordinator.run()
-    except BaseException:
-        stop_run(ref, handles)
-        raise
+    return on_round
+
+
+def sync_stage(ref: RunRef, handles: list[Handle], log: Log = print) -> list[dict]:
+    """Watch the run in this process until every round is recorded (the clouds do the exchange)."""
+    _, plan = ref.load()
+    return watcher(ref, handles, log).run(track_round(plan, _tracker(plan), log))
 
 
 def _wait_for_exit(handles: list[Handle], timeout_s: float = 60.0) -> None:
@@ -317,25 +325,69 @@ def _cloud_summary(fed: Federation, plan: Plan, history: list[dict], train_s: fl
 
 
 def _final_model(ref: RunRef, plan: Plan, home, handles: list[Handle]) -> tuple[list[dict], dict]:
-    """Once the sub-tasks have exited: the run's history and final params, the latter stored as the final model.
+    """Once the sub-tasks have exited: the run's history and final model, the latter committed as the run's.
 
-    The devices go back first: training is over, and a calibration run may need them.
+    The final model is the home cloud's copy of the last global, referred to where
+    it lies (no byte is copied); when the home cloud left the run, another cloud's
+    copy is streamed to the home store. The devices go back first: training is
+    over, and a calibration run may need them.
     """
     spec = plan.spec
     _wait_for_exit(handles)
     release_stage(ref)
     history = load_history(home, plan)
     if len(history) != spec.rounds:
-        raise RuntimeError(f"run {plan.run_id}: {len(history)} of {spec.rounds} rounds committed; rerun sync_checkpoints")
-    params, _, _ = load_global(home, plan, spec.rounds)
-    write_step(home, plan.keys.final, {"model.safetensors": to_bytes(params)}, meta={"rounds": spec.rounds})
-    return history, params
+        raise RuntimeError(f"run {plan.run_id}: {len(history)} of {spec.rounds} rounds recorded; rerun sync_checkpoints")
+    fed = ref.load()[0]
+    last = plan.keys.global_step(spec.rounds)
+    for cloud in sorted(history[-1]["clouds"], key=lambda c: c != plan.coordinator_cloud):
+        store = home if cloud == plan.coordinator_cloud else store_seen_from(fed, cloud, plan.coordinator_cloud, plan.tenant)
+        commit = read_commit(store, last)
+        if commit is None:
+            continue
+        entry = commit["objects"][PARAMS]
+        if store is not home:
+            key = f"{plan.keys.final}/model.safetensors"
+            home.put_stream(key, _Chunks(store.iter_chunks(entry["key"])))
+            entry = {**entry, "key": key}
+        write_step(home, plan.keys.final, {}, refs={"model.safetensors": entry},
+                   meta={"rounds": spec.rounds, "digest": commit["meta"].get("digest"), "from": cloud})
+        return history, entry
+    raise RuntimeError(f"run {plan.run_id}: no cloud holds global {spec.rounds}, the final model")
 
 
-def _eval_losses(plan: Plan, home, params: dict) -> tuple[float, float]:
-    """Held-out loss of the initial model and of ``params``, the final one, by the run's program."""
-    evaluate = Evaluator(plan, home, plan.coordinator_cloud)
-    return evaluate(load_global(home, plan, 0)[0]), evaluate(params)
+class _Chunks:
+    """An iterator of byte chunks read as a stream (for put_stream)."""
+
+    def __init__(self, chunks):
+        self.chunks, self.buffer = iter(chunks), b""
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return False
+
+    def read(self, n: int = -1) -> bytes:
+        while n < 0 or len(self.buffer) < n:
+            chunk = next(self.chunks, None)
+            if chunk is None:
+                break
+            self.buffer += chunk
+        out, self.buffer = (self.buffer, b"") if n < 0 else (self.buffer[:n], self.buffer[n:])
+        return out
+
+
+def _eval_losses(plan: Plan, home, log: Log) -> tuple[float, float]:
+    """Held-out loss of the initial and the final global, as the clouds evaluated them (NaN where none did)."""
+    found = []
+    for g in (0, plan.spec.rounds):
+        try:
+            found.append(float(json.loads(home.get(plan.keys.evaluation(g)))["eval_loss"]))
+        except StoreError:
+            log(f"run {plan.run_id}: global {g} was not evaluated (its evaluating cloud left the run)")
+            found.append(float("nan"))
+    return found[0], found[1]
 
 
 def _run_summary(plan: Plan, history: list[dict], clouds: dict, train_s: float, evals: tuple[float, float],
@@ -369,9 +421,9 @@ def _run_summary(plan: Plan, history: list[dict], clouds: dict, train_s: float, 
     }
 
 
-def _register_model(tracker, plan: Plan, summary: dict, params: dict) -> dict:
+def _register_model(tracker, plan: Plan, summary: dict, home, entry: dict) -> dict:
     """Log and register the final model in MLflow's registry; returns its name, version and source."""
-    return registry.register(tracker.client, plan, summary, to_bytes(params))
+    return registry.register(tracker.client, plan, summary, read_object(home, {"objects": {"m": entry}}, "m"))
 
 
 def _close_tracking(tracker, fed: Federation, plan: Plan, summary: dict, history: list[dict], handles: list[Handle]) -> None:
@@ -388,15 +440,15 @@ def aggregate_stage(ref: RunRef, handles: list[Handle], experiment: str | None =
     """Final model and evaluation, whole-run metrics, the baseline gap; closes the MLflow runs."""
     fed, plan = ref.load()
     home = open_store(fed.local_cloud, plan.tenant)
-    history, params = _final_model(ref, plan, home, handles)
-    evals = _eval_losses(plan, home, params)
+    history, final = _final_model(ref, plan, home, handles)
+    evals = _eval_losses(plan, home, log)
     train_s = sum(r["wall_s"] for r in history)
     clouds = _cloud_summary(fed, plan, history, train_s)
     base = _baseline(plan, experiment, log) if plan.spec.mode == "cross_cloud" and compare_baseline else None
     summary = _run_summary(plan, history, clouds, train_s, evals, base)
     tracker = _tracker(plan)
     if tracker and plan.spec.mode == "cross_cloud":  # a single-cluster baseline is a measurement, not a model to serve
-        summary["model"] = _register_model(tracker, plan, summary, params)
+        summary["model"] = _register_model(tracker, plan, summary, home, final)
     home.put(plan.keys.summary, json.dumps(summary, indent=2).encode())
     if tracker:
         _close_tracking(tracker, fed, plan, summary, history, handles)

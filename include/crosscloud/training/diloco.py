@@ -3,27 +3,35 @@
 The program keeps its loop; it calls ``diloco.step(loss=...)`` after each inner
 optimizer step. Every ``inner_steps`` steps the cloud's pseudo-gradient
 (global - local, from fp32 parameters on any device) is committed to its own
-store, int8 with error feedback where the plan says so, and each new global is
-folded in: the moment it lands when rounds overlap, before the next round when
-they do not. The plan's shares and power caps take effect at each round's
-start; a round whose share is 0 is committed empty without the loop's help.
+store, int8 with error feedback where the plan says so, and the cloud's own
+exchange (``exchange.cloud``) makes the next global from every cloud's, on
+rank 0 beside training. The new global is folded in the moment it is ready
+when rounds overlap, before the next round when they do not; the other ranks
+receive it from rank 0. The record of each round sets the shares and power
+caps that take effect at a later round's start; a round whose share is 0 is
+committed empty without the loop's help.
 """
 
 from __future__ import annotations
 
 import math
+import os
 import time
+from concurrent.futures import Future, ThreadPoolExecutor
 
 import torch
 import torch.distributed as dist
 
+from crosscloud.core.federation import load_federation
 from crosscloud.core.job import local_lr
-from crosscloud.store.base import StoreError
 from crosscloud.store.commit import put_object, read_commit, write_step
+from crosscloud.store.network import store_seen_from
 from crosscloud.store.tensors import to_bytes
 from crosscloud.training.checkpoint import global_params
 from crosscloud.training.compression import ErrorFeedback
-from crosscloud.training.program import ProgramError
+from crosscloud.training.exchange.cloud import CloudExchange, RoundResult, spool_folder, write_evaluation
+from crosscloud.training.exchange.tensorfile import TensorFile
+from crosscloud.training.program import ProgramError, load_program, local_file
 from crosscloud.training.resume import CloudState, save_state
 from crosscloud.training.rounds import DelayedGlobal, RoundWork, round_line, throttle, wait_for_commit
 from crosscloud.training.session import Run, load_params, parameters, rank_batch
@@ -33,11 +41,19 @@ def _fp32(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     return {n: p.detach().float().clone() for n, p in parameters(model).items()}
 
 
+def exchange_for(run: Run) -> CloudExchange:
+    """Rank 0's exchange: every run cloud's store as this cloud reaches it, and its spool folder."""
+    fed = load_federation(os.environ.get("CROSSCLOUD_FEDERATION") or run.plan.federation_path)
+    stores = {c.name: run.store if c.name == run.cloud else store_seen_from(fed, c.name, run.cloud, run.tenant)
+              for c in run.plan.clouds}
+    return CloudExchange(run.plan, run.cloud, stores, spool_folder(run.plan, run.cloud), run.device)
+
+
 class DiLoCo:
-    """Rounds of ``inner_steps`` steps of the user's optimizer, exchanged through the cloud's store.
+    """Rounds of ``inner_steps`` steps of the user's optimizer, exchanged through the clouds' stores.
 
     Use as a context manager around the training loop; ``done`` turns true once the
-    run's last round is committed, and the loop stops there.
+    run's last round is committed and its global folded in, and the loop stops there.
     """
 
     def __init__(self, run: Run, model: torch.nn.Module, optimizer: torch.optim.Optimizer):
@@ -51,6 +67,11 @@ class DiLoCo:
         self.known: DelayedGlobal
         self.base: dict[str, torch.Tensor] = {}
         self.ready = {"wait_s": 0.0, "download_s": 0.0}
+        self.exchange = exchange_for(run) if run.rank == 0 else None
+        self.pool = ThreadPoolExecutor(1, thread_name_prefix="exchange") if run.rank == 0 else None
+        self.inflight: Future | None = None
+        self.exchanged: dict = {}  # the last exchange's figures, for the next round's commit
+        self._evaluate = None
 
     # -- the program's side --------------------------------------------------------
     def __enter__(self) -> DiLoCo:
@@ -63,10 +84,12 @@ class DiLoCo:
         return self
 
     def __exit__(self, exc_type, exc, tb) -> bool:
+        if self.pool:
+            self.pool.shutdown(wait=exc_type is None, cancel_futures=True)
         return False
 
     def step(self, loss: torch.Tensor | float | None = None) -> None:
-        """After each inner optimizer step: record it, fold in a global that landed, end the round after H steps."""
+        """After each inner optimizer step: record it, fold in a global that is ready, end the round after H steps."""
         if self.done:
             return
         seconds = time.perf_counter() - self._last
@@ -74,11 +97,10 @@ class DiLoCo:
         self.work.step_s.append(time.perf_counter() - self._last)
         self.work.losses.append(loss.detach() if torch.is_tensor(loss) else (math.nan if loss is None else float(loss)))
         self.steps += 1
-        if self.plan.overlap and self.known.pending():  # fold the global in the moment it is committed
+        if self.plan.overlap and self.known.pending() and self._ready():  # fold the global in the moment it is made
             tf = time.perf_counter()
-            if (commit := self._arrived()) is not None:
-                self._fold_in(commit)
-                self.work.folded_at = len(self.work.losses)
+            self._fold_in()
+            self.work.folded_at = len(self.work.losses)
             self.work.fold_s += time.perf_counter() - tf
         if len(self.work.losses) == self.spec.inner_steps:
             self._end_round()
@@ -87,32 +109,32 @@ class DiLoCo:
 
     # -- rounds ----------------------------------------------------------------------
     def _start(self) -> None:
-        """Wait for global 0 and load it: every cloud starts from the same model."""
+        """Wait for global 0 and load it: every cloud starts from the same model (the home cloud evaluates it)."""
         t0 = time.perf_counter()
         commit = wait_for_commit(self.run.store, self.keys.global_step(0), self.keys.stop, self.spec.round_timeout_s)
-        params = global_params(self.run.store, commit, {})
+        params = global_params(self.run.store, commit)
         load_params(self.model, params)
-        self.known = DelayedGlobal(params, commit["meta"], mix=self.spec.fold_mix if self.plan.overlap else 0.0)
+        self.known = DelayedGlobal(params, {}, mix=self.spec.fold_mix if self.plan.overlap else 0.0)
+        if self.run.cloud == self.plan.coordinator_cloud:
+            self._evaluate_global(0)
         self.ready = {"wait_s": time.perf_counter() - t0, "download_s": 0.0}
         self._begin_round(0)
         self._skip_idle()
 
     def _restore(self, state: CloudState) -> None:
-        """Go on after the saved round: commit it if the commit is missing, then start the next one."""
+        """Go on after the saved round: commit it if the commit is missing, exchange it, then start the next one."""
         self.known = DelayedGlobal(state.known_params, {}, mix=self.spec.fold_mix if self.plan.overlap else 0.0)
         self.known.round, self.known.own, self.known.drift, self.known.metas = (
             state.known_round, state.own, state.drift, state.metas)
         self.round, self.steps, self.share = state.round, state.steps, state.share
         if self.feedback:
             self.feedback.residual = state.residual
-        self._commit(state.round, state.own[state.round], self._restored_work(state))
+        self.base = _fp32(self.model)
+        if self.exchange:
+            self.exchange.restore(state.known_round)
+        self._commit(state.round, state.own[state.round], RoundWork(started_at=time.time()), restored=True)
         self._after_round(state.round)
         self._skip_idle()
-
-    @staticmethod
-    def _restored_work(state: CloudState) -> RoundWork:
-        """A round trained before the restart: its timings are gone with the process that measured them."""
-        return RoundWork(started_at=time.time())
 
     def _skip_idle(self) -> None:
         """Commit the rounds whose share is 0 (the work moved away; the devices idle) without the loop."""
@@ -132,13 +154,21 @@ class DiLoCo:
         self._t_round = self._last = time.perf_counter()
 
     def _end_round(self) -> None:
-        """Commit round ``self.round``'s pseudo-gradient, after saving the state a restart goes on from."""
+        """Commit round ``self.round``'s pseudo-gradient (after saving the state a restart goes on from), start its exchange.
+
+        Round r's exchange reduces from global r, so global r is folded in first
+        (when rounds overlap it usually was, a few steps into the round).
+        """
         work, r = self.work, self.round
         work.compute_s = time.perf_counter() - self._t_round - work.fold_s
+        tw = time.perf_counter()
+        while self.known.round < r:
+            self._fold_in()
+        self.ready["wait_s"] += time.perf_counter() - tw
+        self.ready["download_s"] += work.fold_s
         params = _fp32(self.model)  # one copy of the round's end, for its progress and the saved state
         progress = {n: (p - self.base[n]).cpu() for n, p in params.items()}
         self.known.record(r, progress)
-        self.ready["download_s"] += work.fold_s
         if self.run.rank == 0:
             ts = time.perf_counter()
             save_state(self.run.store, self.keys, self.run.cloud, self._state(r, params))
@@ -153,8 +183,8 @@ class DiLoCo:
             own=dict(self.known.own), drift=self.known.drift, metas=self.known.metas,
             residual=dict(self.feedback.residual) if self.feedback else {}, share=self.share)
 
-    def _commit(self, r: int, progress: dict[str, torch.Tensor], work: RoundWork) -> None:
-        """Rank 0 commits round ``r`` unless it is committed already; a committed step is never written again."""
+    def _commit(self, r: int, progress: dict[str, torch.Tensor], work: RoundWork, restored: bool = False) -> None:
+        """Rank 0 commits round ``r`` unless it is committed already, then starts its exchange beside training."""
         step = self.keys.cloud_step(self.run.cloud, r)
         delta = {n: -p for n, p in progress.items()}
         self.run.rounds_committed = r + 1  # every rank counts it: the program's end is checked on each
@@ -170,60 +200,96 @@ class DiLoCo:
             write_step(self.run.store, step, {}, refs={name: entry}, meta={
                 "round": r, "cloud": self.run.cloud, "samples": self.share * self.spec.inner_steps,
                 "losses": losses, "step_s": work.step_s, "compute_s": work.compute_s, "folded_at_step": work.folded_at,
-                "cap": self.cap["cap"], "started_at": work.started_at, **self.ready,
+                "cap": self.cap["cap"], "started_at": work.started_at, "exchange": self.exchanged, **self.ready,
                 "upload_s": time.perf_counter() - t + work.state_s})  # the round's writes: its state and its delta
-        trained = [x for x in losses if not math.isnan(x)]
-        line = (f"round {r}: trained before the restart, committed" if not trained and self.share > 0 else
-                round_line(r, trained, work, self.cap, self.ready, self.spec.inner_steps))
+        self.inflight = self.pool.submit(self.exchange.round, r, self.known.params)
+        line = (f"round {r}: trained before the restart, committed" if restored and self.share > 0 else
+                round_line(r, losses, work, self.cap, self.ready, self.spec.inner_steps))
         print(line, flush=True)
 
     def _after_round(self, r: int) -> None:
-        if r >= self.spec.rounds - 1:
+        if r >= self.spec.rounds - 1:  # the last global is folded in: the model the program ends with is the run's
+            while self.known.round < r + 1:
+                self._fold_in()
             self.done = True
             return
         self._next_round(r)
 
     def _next_round(self, r: int) -> None:
-        """Fold in the globals round ``r + 1`` starts from, and take up the share and power cap they set.
+        """Take up the share and power cap round ``r + 1`` starts with; without overlap, fold global ``r + 1`` in first.
 
         overlap: round r + 1 needs no more than global r (this round's exchange runs while it
-        computes and is folded in when it lands); blocking: it starts from global r + 1.
+        computes and is folded in when it is ready); blocking: it starts from global r + 1.
         """
-        t3, wait_s = time.perf_counter(), 0.0
+        t3 = time.perf_counter()
         need = r if self.plan.overlap else r + 1
         while self.known.round < need:
-            tw = time.perf_counter()
-            commit = wait_for_commit(self.run.store, self.keys.global_step(self.known.round + 1), self.keys.stop,
-                                     self.spec.round_timeout_s)
-            wait_s += time.perf_counter() - tw
-            self._fold_in(commit)
-        meta = self.known.metas[need]
+            self._fold_in()
+        meta = self.known.metas.get(need, {})
         self.share = meta.get("next_shares", {}).get(self.run.cloud, self.share)  # moved shares
         self.cap = meta.get("caps", {}).get(self.run.cloud, {"cap": 1.0, "throughput": 1.0})  # a grid request's cap
-        self.ready = {"wait_s": wait_s, "download_s": time.perf_counter() - t3 - wait_s}
+        self.ready = {"wait_s": time.perf_counter() - t3, "download_s": 0.0}
         self._begin_round(r + 1)
 
-    def _fold_in(self, commit: dict) -> None:
-        """Add the correction of a newly committed global to the model and to the round's base."""
-        fix = self.known.correction(global_params(self.run.store, commit, self.known.params), commit["meta"])
-        with torch.no_grad():
-            for name, p in parameters(self.model).items():
-                p.add_(fix[name].to(device=p.device, dtype=p.dtype))
-        self.base = {n: t + fix[n].to(t.device) for n, t in self.base.items()}  # the round's progress stays its own
-
-    def _arrived(self) -> dict | None:
-        """The next global if it is committed already (rank 0 looks; every rank learns the answer)."""
-        step = self.keys.global_step(self.known.round + 1)
-        try:
-            commit = read_commit(self.run.store, step) if self.run.rank == 0 else None
-        except StoreError:  # not arrived, as far as this step can tell: asked again at the next step
-            commit = None
+    def _ready(self) -> bool:
+        """Whether the exchange in flight has made its global (rank 0 looks; every rank learns the answer)."""
+        done = self.inflight is not None and self.inflight.done()
         if self.run.world_size > 1:
-            flag = torch.tensor([commit is not None], dtype=torch.int32, device=self.run.device)
+            flag = torch.tensor([done], dtype=torch.int32, device=self.run.device)
             dist.broadcast(flag, 0)
-            if flag.item() and commit is None:
-                commit = read_commit(self.run.store, step)
-        return commit
+            done = bool(flag.item())
+        return done
+
+    def _fold_in(self) -> None:
+        """Wait for the exchange in flight and fold its global in, tensor by tensor: model and round base move by the correction.
+
+        Rank 0 reads the new global from its file; the other ranks of the cloud receive each tensor from it.
+        """
+        result: RoundResult | None = self.inflight.result() if self.inflight is not None else None
+        meta = {"next_shares": result.members.next_shares, "caps": result.members.caps} if result else {}
+        if self.run.world_size > 1:
+            box = [meta]
+            dist.broadcast_object_list(box, 0)
+            meta = box[0]
+        self.known.begin()
+        file = TensorFile(result.params) if result else None
+        try:
+            with torch.no_grad():
+                for name, p in sorted(parameters(self.model).items()):
+                    new = file.read(name).view(p.shape) if file else torch.empty(p.shape, dtype=torch.float32)
+                    if self.run.world_size > 1:
+                        moved = new.to(self.run.device)
+                        dist.broadcast(moved, 0)
+                        new = moved.cpu()
+                    fix = self.known.correct(name, new)
+                    p.add_(fix.to(device=p.device, dtype=p.dtype))
+                    self.base[name] += fix.to(self.base[name].device)
+        finally:
+            if file:
+                file.close()
+                result.params.unlink(missing_ok=True)
+        self.known.end(meta)
+        if result:
+            self.inflight, self.exchanged = None, {**result.stats, "digest": result.digest}
+            if result.members.evaluator == self.run.cloud and self.spec.evaluates_after(result.members.round):
+                self._evaluate_global(self.known.round)
+
+    def _evaluate_global(self, global_: int) -> None:
+        """The program's ``evaluate`` on the global just folded in, here: the model holds it for the call."""
+        if self.run.rank != 0:
+            return
+        if self._evaluate is None:
+            program = self.plan.program
+            self._evaluate = load_program(local_file(self.run.store, self.run.tenant, program.code, program.file),
+                                          program.name).evaluate
+        saved = {n: p.detach().clone() for n, p in parameters(self.model).items()}
+        load_params(self.model, self.known.params)
+        try:
+            loss = float(self._evaluate(self.model, self.run))
+        finally:
+            load_params(self.model, saved)
+        write_evaluation(self.exchange.decider.home, self.plan, global_, self.run.cloud, loss)
+        print(f"global {global_}: eval loss {loss:.4f}", flush=True)
 
 
 def check_finished(run: Run | None, program: str) -> None:

@@ -17,6 +17,12 @@ from crosscloud.core.job import OuterConfig
 SYNCHRONOUS = OuterConfig(lr=1.0, momentum=0.0)
 
 
+def outer_config(plan, round_: int) -> OuterConfig:
+    """The outer step of a round of ``plan``: a single cluster's rounds adopt the average, as does a run's last round."""
+    spec = plan.spec
+    return SYNCHRONOUS if spec.mode == "single_cluster" else round_config(plan.outer, round_, spec.rounds)
+
+
 def round_config(cfg: OuterConfig, round_: int, rounds: int) -> OuterConfig:
     """The outer step of ``round_`` of ``rounds``: the last one adopts the clouds' average.
 

@@ -10,17 +10,13 @@ import torch
 
 from crosscloud.store.base import ObjectStore, StoreError
 from crosscloud.store.commit import read_commit
-
-POLL_S = 0.05
-
-
-class Stopped(RuntimeError):
-    """The run was stopped or abandoned; the sub-task exits without committing."""
+from crosscloud.training.exchange.transfer import Poll
+from crosscloud.training.stopped import Stopped
 
 
 def wait_for_commit(store: ObjectStore, step: str, stop_key: str, timeout_s: float) -> dict:
     """Poll until ``step`` is committed; give up when the run is stopped or stalls."""
-    deadline = time.monotonic() + timeout_s
+    deadline, poll = time.monotonic() + timeout_s, Poll()
     while True:
         try:
             commit = read_commit(store, step)
@@ -31,8 +27,8 @@ def wait_for_commit(store: ObjectStore, step: str, stop_key: str, timeout_s: flo
         except StoreError as exc:  # a store failing past its retry deadline: the global may still come, ask again
             print(f"polling {step} again: {exc}", file=sys.stderr, flush=True)
         if time.monotonic() > deadline:
-            raise Stopped(f"no commit of {step} within {timeout_s:.0f} s; the coordinator is gone or stalled")
-        time.sleep(POLL_S)
+            raise Stopped(f"no commit of {step} within {timeout_s:.0f} s")
+        poll.sleep()
 
 
 class DelayedGlobal:
@@ -40,10 +36,10 @@ class DelayedGlobal:
 
     Round r's exchange runs while round r + 1 computes, so global r + 1 (every cloud's round r)
     arrives while this cloud is already past it: its model is global r plus its own progress
-    of rounds r, r + 1, ... . Global r + 1 is folded in the moment it is committed, usually a
+    of rounds r, r + 1, ... . Global r + 1 is folded in the moment it is ready, usually a
     few steps into round r + 1, by swapping this cloud's own round-r progress for what the
-    outer step made of all clouds' (``correction``). Waiting only happens when it is still
-    missing a whole round later.
+    outer step made of all clouds' (``correct``, tensor by tensor). Waiting only happens when
+    it is still missing a whole round later.
     """
 
     def __init__(self, params: dict[str, torch.Tensor], meta: dict, mix: float = 0.0):
@@ -60,8 +56,13 @@ class DelayedGlobal:
         """Whether a round this cloud has committed is not yet folded in."""
         return self.round in self.own
 
-    def correction(self, params: dict[str, torch.Tensor], meta: dict) -> dict[str, torch.Tensor]:
-        """Global ``self.round + 1`` arrived: what to add to the model (and to its round base).
+    def begin(self) -> None:
+        """Global ``self.round + 1`` arrived: its tensors follow through ``correct``, then ``end``."""
+        self._own = self.own.pop(self.round)
+        self._drift: dict[str, torch.Tensor] = {}
+
+    def correct(self, name: str, new: torch.Tensor) -> torch.Tensor:
+        """What to add to the model's ``name`` (and to its round base) for its new global value ``new``.
 
         The whole correction puts the model where blocking rounds would have it (the global
         plus the running round's progress). With ``mix`` (Streaming DiLoCo's mixing factor)
@@ -69,16 +70,20 @@ class DelayedGlobal:
         from its own unaveraged point are not undone at once; the globals, built only from
         progress, do not change.
         """
-        own = self.own.pop(self.round)
-        fix = {n: params[n] - self.params[n] - own[n] for n in params}
+        fix = new - self.params[name] - self._own[name]
+        self.params[name] = new
         if self.mix:
-            gap = {n: fix[n] - self.drift.get(n, 0.0) for n in fix}
-            self.drift = {n: -self.mix * g for n, g in gap.items()}
-            fix = {n: (1.0 - self.mix) * g for n, g in gap.items()}
-        self.params, self.round = params, self.round + 1
+            gap = fix - self.drift[name] if name in self.drift else fix
+            self._drift[name] = gap * -self.mix
+            fix = gap * (1.0 - self.mix)
+        return fix
+
+    def end(self, meta: dict) -> None:
+        self.round += 1
+        if self.mix:
+            self.drift = self._drift
         self.metas = {r: m for r, m in self.metas.items() if r >= self.round - 1}
         self.metas[self.round] = meta
-        return fix
 
 
 def throttle(step_s: float, throughput: float) -> None:

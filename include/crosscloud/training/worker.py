@@ -31,7 +31,7 @@ from crosscloud.store.open_store import open_store
 from crosscloud.training import session
 from crosscloud.training.diloco import check_finished
 from crosscloud.training.program import ProgramError, local_file
-from crosscloud.training.rounds import Stopped
+from crosscloud.training.stopped import Stopped
 
 
 def _program_file(args: argparse.Namespace) -> tuple[str, str]:

@@ -1,0 +1,180 @@
+"""One cloud's exchange of a round: agree on the members, fetch their deltas once, screen, reduce, publish its own global.
+
+It runs on rank 0 of the cloud's sub-task, beside training (a thread when
+rounds overlap). Everything large goes through files in the cloud's spool
+folder: the downloaded deltas, the new global and the outer momentum; what it
+holds in memory is a few fragments. The global is committed in the cloud's own
+store with its sha256, the digest by which the clouds' copies are compared.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from crosscloud.core import failpoints
+from crosscloud.run.plan import Plan
+from crosscloud.store.base import ObjectStore, StoreError
+from crosscloud.store.commit import read_commit, write_step
+from crosscloud.store.digest import IntegrityError
+from crosscloud.training.checkpoint import PARAMS
+from crosscloud.training.exchange.members import Members, RoundDecider
+from crosscloud.training.exchange.reduce import Delta, reduce, screen
+from crosscloud.training.exchange.tensorfile import TensorFile, TensorFileWriter
+from crosscloud.training.exchange.transfer import download, file_sha256, upload
+from crosscloud.training.outer import outer_config
+from crosscloud.training.stopped import Stopped
+
+MOMENTUM = "outer_momentum.safetensors"
+
+
+@dataclass
+class RoundResult:
+    """What a cloud's exchange of round ``members.round`` made: global ``round + 1`` as a local file, and its record."""
+
+    members: Members
+    params: Path
+    digest: str
+    refused: dict[str, str] = field(default_factory=dict)
+    stats: dict = field(default_factory=dict)  # seconds and bytes of each part of the exchange
+
+
+class CloudExchange:
+    """The exchange of cloud ``cloud``; ``stores`` are every run cloud's store as this cloud reaches them."""
+
+    def __init__(self, plan: Plan, cloud: str, stores: dict[str, ObjectStore], spool: Path,
+                 device: torch.device | None = None, log=print):
+        self.plan, self.cloud, self.stores, self.own = plan, cloud, stores, stores[cloud]
+        self.spool, self.device, self.log = Path(spool), device or torch.device("cpu"), log
+        self.decider = RoundDecider(plan, cloud, stores, log)
+        self.momentum: Path | None = None  # the outer momentum of the newest global, when the outer step has any
+
+    def restore(self, global_: int) -> None:
+        """After a restart: the outer momentum of global ``global_`` from this cloud's own commit of it."""
+        commit = read_commit(self.own, self.plan.keys.global_step(global_)) if global_ > 0 else None
+        if commit is not None and MOMENTUM in commit["objects"]:
+            self.momentum = self.spool / f"momentum-{global_}.safetensors"
+            download(self.own, commit["objects"][MOMENTUM], self.momentum)
+
+    def round(self, r: int, known: dict[str, torch.Tensor]) -> RoundResult:
+        """Global ``r + 1`` from global ``r`` (``known``) and round ``r``'s members' deltas; committed in the own store."""
+        t0 = time.perf_counter()
+        members = self.decider.decide(r)
+        if self.cloud in members.gone:
+            raise Stopped(f"cloud {self.cloud} was lost from the run in round {members.round}: "
+                          f"{members.gone[self.cloud]}")
+        t1 = time.perf_counter()
+        folder = self.spool / f"round-{r}"
+        deltas, refused, read = self._fetch(members, folder)
+        t2 = time.perf_counter()
+        layout = {n: (torch.float32, tuple(t.shape)) for n, t in known.items()}
+        try:
+            refused.update(screen(deltas, layout, members.shares))
+            accepted = {c: d for c, d in deltas.items() if c not in refused}
+            if not accepted:
+                raise IntegrityError(f"round {r}: every contribution was refused: {refused}")
+            params, momentum = self._reduce(r, accepted, members, known)
+        finally:
+            for d in deltas.values():
+                d.close()
+            shutil.rmtree(folder, ignore_errors=True)
+        t3 = time.perf_counter()
+        digest = file_sha256(params)
+        stats = {"decide_s": t1 - t0, "fetch_s": t2 - t1, "reduce_s": t3 - t2, "read_bytes": read}
+        stats["written_bytes"] = self._publish(r, params, momentum, members, digest, refused, dict(stats))
+        stats["publish_s"] = time.perf_counter() - t3
+        self._retain(r)
+        return RoundResult(members=members, params=params, digest=digest, refused=refused, stats=stats)
+
+    def _fetch(self, members: Members, folder: Path) -> tuple[dict[str, Delta], dict[str, str], int]:
+        """Every member's delta into ``folder``, once; a delta that cannot be read as committed is refused."""
+        deltas, refused, read = {}, {}, 0
+        for cloud, c in sorted(members.contributions.items()):
+            if c["entry"] is None:
+                refused[cloud] = f"cloud {cloud}: its commit lists no pseudo-gradient"
+                continue
+            path = folder / f"{cloud}.safetensors"
+            try:
+                download(self.stores[cloud], c["entry"], path)
+                deltas[cloud] = Delta(cloud, path)
+                read += int(c["entry"]["size"]) if cloud != self.cloud else 0
+            except IntegrityError as exc:
+                refused[cloud] = str(exc)
+        return deltas, refused, read
+
+    def _reduce(self, r: int, accepted: dict[str, Delta], members: Members,
+                known: dict[str, torch.Tensor]) -> tuple[Path, Path | None]:
+        cfg = outer_config(self.plan, r)
+        layout = {n: (torch.float32, tuple(t.shape)) for n, t in known.items()}
+        params = TensorFileWriter(self.spool / f"global-{r + 1}.safetensors", layout)
+        momentum_out = TensorFileWriter(self.spool / f"momentum-{r + 1}.safetensors", layout) if cfg.momentum else None
+        momentum_in = TensorFile(self.momentum) if self.momentum and cfg.momentum else None
+        try:
+            weights = {c: float(members.shares.get(c, 0)) for c in accepted}
+            if not sum(weights.values()):  # every contribution idle: nothing to weigh by, average them evenly
+                weights = {c: 1.0 for c in accepted}
+            half = len(known) // 2 or 1
+            reduce(accepted, weights, known, cfg, params, momentum_in, momentum_out, self.device,
+                   after=lambda done: done == half and failpoints.hit("reduce", self.cloud, r, self.spool))
+        finally:
+            if momentum_in:
+                momentum_in.close()
+        old, self.momentum = self.momentum, momentum_out.close() if momentum_out else None
+        if old and old != self.momentum:
+            old.unlink(missing_ok=True)
+        return params.close(), self.momentum
+
+    def _publish(self, r: int, params: Path, momentum: Path | None, members: Members, digest: str,
+                 refused: dict[str, str], stats: dict) -> int:
+        """Commit global ``r + 1`` in the own store; a restarted cloud finds it committed and checks the digest."""
+        step = self.plan.keys.global_step(r + 1)
+        done = read_commit(self.own, step)
+        if done is not None:
+            if done["meta"].get("digest") != digest:
+                raise IntegrityError(f"cloud {self.cloud}: global {r + 1} was committed with digest "
+                                     f"{done['meta'].get('digest', '?')[:12]}, recomputed {digest[:12]}")
+            return 0
+        refs = {PARAMS: upload(self.own, f"{step}/{PARAMS}", params)}
+        if momentum is not None:
+            refs[MOMENTUM] = upload(self.own, f"{step}/{MOMENTUM}", momentum)
+        failpoints.hit("publish", self.cloud, r, self.spool)
+        write_step(self.own, step, {}, refs=refs, meta={
+            "round": r, "cloud": self.cloud, "digest": digest, "members": sorted(members.contributions),
+            "refused": refused, "exchange": stats, "published_at": time.time()})
+        return sum(e["size"] for e in refs.values())
+
+    def _retain(self, r: int) -> None:
+        """Delete this cloud's deltas and globals no reader needs any more: all but the last ``keep_rounds``.
+
+        Round ``r``'s record exists, so every cloud still in the run has folded
+        global ``r`` and saved its state at round ``r``: none reads a delta before
+        round ``r`` or a global before ``r`` again. Global 0 and the last global stay.
+        """
+        keys, keep = self.plan.keys, self.plan.spec.keep_rounds
+        old = [keys.cloud_step(self.cloud, r - keep)] + ([keys.global_step(r + 1 - keep)] if r + 1 - keep > 0 else [])
+        for step in old if r - keep >= 0 else []:
+            try:
+                found = self.own.list(step)
+                for key in sorted(found, key=lambda k: not k.endswith("/COMMIT.json")):  # the commit first
+                    if key.startswith(step + "/"):
+                        self.own.delete(key)
+            except StoreError as exc:  # left for the run's end: a retention failure never stops training
+                self.log(f"retention: {step}: {exc}")
+
+
+def spool_folder(plan: Plan, cloud: str) -> Path:
+    """Where a cloud's sub-task keeps the round's files: ``CROSSCLOUD_SPOOL``, else the temporary folder."""
+    root = os.environ.get("CROSSCLOUD_SPOOL") or os.path.join(os.environ.get("TMPDIR", "/tmp"), "crosscloud-spool")
+    return Path(root) / plan.tenant / plan.run_id / cloud
+
+
+def write_evaluation(home: ObjectStore, plan: Plan, global_: int, cloud: str, loss: float) -> None:
+    """The held-out loss of a global, once, in the run's home store."""
+    home.put_if_absent(plan.keys.evaluation(global_), json.dumps(
+        {"global": global_, "cloud": cloud, "eval_loss": loss, "at": time.time()}).encode())

@@ -1,0 +1,126 @@
+"""safetensors files read and written one tensor fragment at a time, so no whole model is held in memory.
+
+The format is an 8-byte header length, a JSON header (dtype, shape and byte
+offsets of each tensor) and the raw buffers. Reading goes through ``os.pread``
+rather than a memory map: mapped pages would count as the process's memory.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import struct
+from pathlib import Path
+
+import torch
+
+DTYPES = {"F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16, "F64": torch.float64,
+          "I8": torch.int8, "U8": torch.uint8, "I16": torch.int16, "I32": torch.int32, "I64": torch.int64,
+          "BOOL": torch.bool}
+NAMES = {v: k for k, v in DTYPES.items()}
+
+
+class TensorFileError(ValueError):
+    """A file that is not a well-formed safetensors file."""
+
+
+class TensorFile:
+    """Read access to the tensors of a local safetensors file, by element range."""
+
+    def __init__(self, path: str | os.PathLike):
+        self.path = Path(path)
+        self.fd = os.open(self.path, os.O_RDONLY)
+        size = os.fstat(self.fd).st_size
+        try:
+            (n,) = struct.unpack("<Q", os.pread(self.fd, 8, 0))
+            if n > min(size - 8, 100 << 20):
+                raise TensorFileError(f"{self.path.name}: header of {n} bytes in a file of {size}")
+            header = json.loads(os.pread(self.fd, n, 8))
+        except (struct.error, ValueError) as exc:
+            os.close(self.fd)
+            raise TensorFileError(f"{self.path.name}: not safetensors: {exc}") from None
+        header.pop("__metadata__", None)
+        self.base, self.entries = 8 + n, {}
+        for name, e in header.items():
+            try:
+                dtype, shape, (start, end) = DTYPES[e["dtype"]], tuple(int(d) for d in e["shape"]), e["data_offsets"]
+            except (KeyError, TypeError, ValueError):
+                os.close(self.fd)
+                raise TensorFileError(f"{self.path.name}: malformed entry for {name!r}") from None
+            numel = 1
+            for d in shape:
+                numel *= d
+            if end - start != numel * dtype.itemsize or self.base + end > size or start < 0:
+                os.close(self.fd)
+                raise TensorFileError(f"{self.path.name}: {name!r} does not fit its byte range")
+            self.entries[name] = (dtype, shape, start)
+
+    def close(self) -> None:
+        os.close(self.fd)
+
+    def __enter__(self) -> TensorFile:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def shape(self, name: str) -> tuple[int, ...]:
+        return self.entries[name][1]
+
+    def dtype(self, name: str) -> torch.dtype:
+        return self.entries[name][0]
+
+    def read(self, name: str, start: int = 0, stop: int | None = None) -> torch.Tensor:
+        """Elements ``start:stop`` of tensor ``name``, flattened (row-major)."""
+        dtype, shape, offset = self.entries[name]
+        numel = 1
+        for d in shape:
+            numel *= d
+        stop = numel if stop is None else min(stop, numel)
+        width = dtype.itemsize
+        raw = bytearray(os.pread(self.fd, (stop - start) * width, self.base + offset + start * width))
+        if len(raw) != (stop - start) * width:
+            raise TensorFileError(f"{self.path.name}: {name!r} is truncated")
+        return torch.frombuffer(raw, dtype=dtype) if raw else torch.empty(0, dtype=dtype)
+
+
+class TensorFileWriter:
+    """Writes a safetensors file whose tensors (names, dtypes, shapes) are known up front, fragment by fragment.
+
+    Tensors are laid out in sorted name order with a deterministic header, so two
+    clouds writing the same values write the same bytes: the file's sha256 is the digest.
+    """
+
+    def __init__(self, path: str | os.PathLike, layout: dict[str, tuple[torch.dtype, tuple[int, ...]]]):
+        self.path = Path(path)
+        header, offset = {}, 0
+        for name in sorted(layout):
+            dtype, shape = layout[name]
+            numel = 1
+            for d in shape:
+                numel *= d
+            header[name] = {"dtype": NAMES[dtype], "shape": list(shape), "data_offsets": [offset, offset + numel * dtype.itemsize]}
+            offset += numel * dtype.itemsize
+        raw = json.dumps(header, separators=(",", ":")).encode()
+        raw += b" " * ((-len(raw)) % 8)
+        self.base = 8 + len(raw)
+        self.offsets = {n: (e["data_offsets"][0], layout[n][0]) for n, e in header.items()}
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        os.pwrite(self.fd, struct.pack("<Q", len(raw)) + raw, 0)
+        os.ftruncate(self.fd, self.base + offset)
+
+    def write(self, name: str, start: int, values: torch.Tensor) -> None:
+        """Write ``values`` (flat, the tensor's dtype) as elements ``start:`` of tensor ``name``."""
+        offset, dtype = self.offsets[name]
+        flat = values.detach().to(device="cpu", dtype=dtype).contiguous().view(torch.uint8)
+        os.pwrite(self.fd, memoryview(flat.numpy()), self.base + offset + start * dtype.itemsize)
+
+    def close(self) -> Path:
+        os.close(self.fd)
+        return self.path
+
+
+def fragments(numel: int, size: int) -> list[tuple[int, int]]:
+    """``[start, stop)`` element ranges of at most ``size`` covering ``numel`` elements."""
+    return [(s, min(s + size, numel)) for s in range(0, numel, size)] or [(0, 0)]

@@ -1,0 +1,244 @@
+"""The run's watcher: follows the rounds the clouds commit, keeps the run's history, restarts sub-tasks that died.
+
+The clouds exchange and reduce without it; it computes nothing and loads no
+tensor. ``peek`` only reads (the round records in the home store, the
+sub-tasks' states) and says whether there is anything to do: Airflow's
+deferred ``sync_checkpoints`` calls it from the triggerer. ``act`` does it: it
+starts a dead sub-task again (it resumes from its state) or, its restarts
+spent, tells the clouds it is lost; it notes draining clouds for the clouds'
+next round decisions; and it turns each decided round into its record
+(history.json, MLflow). A watcher killed or restarted leaves training alone: it
+picks the history up where history.json ends.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable
+
+from crosscloud.backends import Backend, Handle, get_backend
+from crosscloud.backends.base import PROGRAM_FAILED, STOPPED
+from crosscloud.pool.ledger import Ledger
+from crosscloud.run.history import load_history, save_history
+from crosscloud.run.plan import Plan
+from crosscloud.store.base import ObjectNotFound, ObjectStore, StoreError
+from crosscloud.store.commit import read_commit
+from crosscloud.training.exchange.members import Members, read_members, read_watch
+from crosscloud.training.program import ProgramError
+
+POLL_S = 1.0
+Restart = Callable[[str], Handle]
+
+
+class SubTaskLost(RuntimeError):
+    """Every cloud of the run is lost: nothing trains any more."""
+
+
+class Watcher:
+    """The watch over one run; ``stores`` are the run clouds' stores as the watcher's host reaches them."""
+
+    def __init__(self, plan: Plan, stores: dict[str, ObjectStore], handles: list[Handle], log: Callable[[str], None] = print,
+                 restart: Restart | None = None, ledger: Ledger | None = None):
+        self.plan, self.stores, self.log, self.restart = plan, stores, log, restart
+        self.home = stores[plan.coordinator_cloud]
+        self.ledger = ledger
+        self.notes = read_watch(self.home, plan)  # what a watcher before this one knew
+        self.notes.setdefault("handles", {h["cloud"]: h for h in handles})
+        for key in ("lost", "restarted_at", "ended", "log_offsets"):
+            self.notes.setdefault(key, {})
+        self.notes.setdefault("draining", [])
+        self.history = load_history(self.home, plan)
+        self.since = time.time()  # the last progress this watcher saw: its start, then each round recorded
+
+    @property
+    def done(self) -> bool:
+        return len(self.history) >= self.plan.spec.rounds
+
+    def _backend(self, handle: Handle) -> Backend:
+        return get_backend(handle["backend"])
+
+    def _ended(self) -> dict[str, str]:
+        """Sub-tasks that ended and have not been seen to: {cloud: state}."""
+        found = {}
+        for cloud, handle in self.notes["handles"].items():
+            if cloud in self.notes["lost"] or cloud in self.notes["ended"]:
+                continue
+            state = self._backend(handle).state(handle)
+            if state != "running" and not (state == "succeeded" and self.done):
+                found[cloud] = state
+        return found
+
+    def peek(self) -> str | None:
+        """Why ``act`` should run now (a round decided, a sub-task ended, a cloud draining), or None: reads only."""
+        if self.done:
+            return "done"
+        if read_members(self.home, self.plan, len(self.history)) is not None:
+            return f"round {len(self.history)} decided"
+        if ended := self._ended():
+            return f"sub-task ended: {ended}"
+        if self.ledger is not None and sorted(self._draining()) != sorted(self.notes["draining"]):
+            return "draining changed"
+        if time.time() - self.since > self.plan.spec.round_timeout_s:
+            return "stalled"
+        return None
+
+    def act(self, on_round: Callable[[dict], None] | None = None) -> list[dict]:
+        """Restart or give up dead sub-tasks, note draining clouds, record every decided round; the new records."""
+        changed = self._see_to_ended()
+        if self.ledger is not None and sorted(draining := self._draining()) != sorted(self.notes["draining"]):
+            self.notes["draining"], changed = sorted(draining), True
+        self.relay_logs()
+        if changed or self.notes.get("offsets_dirty"):
+            self.notes.pop("offsets_dirty", None)
+            self.home.put(self.plan.keys.watch, json.dumps(self.notes).encode())
+        records = []
+        while not self.done and (record := self._record(len(self.history))) is not None:
+            self.history.append(record)
+            save_history(self.home, self.plan, self.history)
+            records.append(record)
+            loss = "" if record["eval_loss"] is None else f"eval loss {record['eval_loss']:.4f}, "
+            self.log(f"round {record['round']}: {loss}wall {record['wall_s']:.2f} s, members {sorted(record['clouds'])}")
+            if on_round:
+                on_round(record)
+        if records:
+            self.since = time.time()
+        elif not self.done and time.time() - self.since > self.plan.spec.round_timeout_s:
+            raise SubTaskLost(f"round {len(self.history)}: no round decided within {self.plan.spec.round_timeout_s:.0f} s"
+                              f"{self._silent()}")
+        return records
+
+    def _silent(self) -> str:
+        """What a stalled run's error adds when the program never called the SDK on some clouds."""
+        keys = self.plan.keys
+        silent = sorted(c for c, s in self.stores.items() if not s.exists(keys.sdk_started(c)))
+        if not silent:
+            return ""
+        name = self.plan.program.name if self.plan.program else "the program"
+        return (f"; {name} never called crosscloud.sdk.init() on {silent}: a program trains through the SDK "
+                "(cc.init(), cc.DiLoCo and diloco.step()), see docs/programs.md")
+
+    def run(self, on_round: Callable[[dict], None] | None = None, poll_s: float = POLL_S) -> list[dict]:
+        """Watch until every round is recorded: ``act`` whenever ``peek`` finds something (in this process)."""
+        while not self.done:
+            if self.peek() is not None:
+                self.act(on_round)
+            if not self.done:
+                time.sleep(poll_s)
+        self.relay_logs()
+        return self.history
+
+    def _draining(self) -> set[str]:
+        members = self.ledger.memberships()
+        return {c.name for c in self.plan.clouds if members.get(c.name) and members[c.name].state == "draining"}
+
+    def _see_to_ended(self) -> bool:
+        """Each newly ended sub-task: the run stops on a failed program; a dead one starts again or is lost."""
+        ended = self._ended()
+        for cloud, state in ended.items():
+            handle = self.notes["handles"][cloud]
+            self.relay_logs()
+            code = self._backend(handle).exit_code(handle)
+            if code == PROGRAM_FAILED:
+                name = self.plan.program.name if self.plan.program else "?"
+                raise ProgramError(f"program {name} failed on cloud {cloud} (its traceback is in the log above); "
+                                   "the run stops")
+            left = self.notes.setdefault("restarts_left", {}).setdefault(
+                cloud, self.plan.spec.subtask_retries if self.restart and not self._backend(handle).restarts_itself else 0)
+            if code == STOPPED or state == "succeeded":
+                self.notes["ended"][cloud] = f"sub-task {state} (exit code {code})"
+            elif left > 0:
+                self.notes["restarts_left"][cloud] = left - 1
+                self.log(f"cloud {cloud}: sub-task {state} (exit code {code}); starting it again, it resumes from its "
+                         f"last round ({left - 1} restart(s) left)")
+                self.notes["handles"][cloud] = self.restart(cloud)  # its log goes on in the same file: the offset stays
+                self.notes["restarted_at"][cloud] = time.time()
+            else:
+                self.notes["lost"][cloud] = f"sub-task is {state} (exit code {code}) with no restart left"
+                self.log(f"cloud {cloud}: lost: {self.notes['lost'][cloud]}; the run goes on with the other clouds")
+        gone = set(self.notes["lost"]) | set(self.notes["ended"])
+        if ended and not self.done and gone >= {c.name for c in self.plan.clouds}:
+            raise SubTaskLost(f"every cloud of run {self.plan.run_id} is lost: "
+                              f"{ {**self.notes['ended'], **self.notes['lost']} }")
+        return bool(ended)
+
+    def relay_logs(self) -> None:
+        """Copy new sub-task output into the watcher's log, so it reaches the task log."""
+        offsets = self.notes["log_offsets"]
+        for cloud, handle in self.notes["handles"].items():
+            try:
+                text, offset = self._backend(handle).logs(handle, offsets.get(cloud, 0))
+            except (OSError, RuntimeError) as exc:
+                self.log(f"[{cloud}] logs unavailable: {exc}")
+                continue
+            if offset != offsets.get(cloud, 0):
+                offsets[cloud], self.notes["offsets_dirty"] = offset, True
+            for line in text.splitlines():
+                self.log(f"[{cloud}] {line}")
+
+    def _record(self, r: int) -> dict | None:
+        """Round ``r``'s record once it is decided and its global made (and evaluated where due), else None."""
+        members = read_members(self.home, self.plan, r)
+        if members is None:
+            return None
+        globals_ = self._globals(r, members)
+        evaluation = self._evaluation(r + 1) if self.plan.spec.evaluates_after(r) else None
+        waited = time.time() - members.decided_at > self.plan.spec.round_timeout_s
+        if not waited and (members.evaluator not in globals_ or
+                           (self.plan.spec.evaluates_after(r) and evaluation is None and not self._gone_after(members))):
+            return None
+        return round_record(members, globals_, evaluation, self._started(r, members))
+
+    def _globals(self, r: int, members: Members) -> dict[str, dict]:
+        """The metas of the members' committed copies of global ``r + 1`` found so far."""
+        found = {}
+        for cloud in sorted(members.contributions):
+            try:
+                commit = read_commit(self.stores[cloud], self.plan.keys.global_step(r + 1))
+            except StoreError as exc:
+                self.log(f"round {r}: cloud {cloud}'s global unreadable for now: {exc}")
+                continue
+            if commit is not None:
+                found[cloud] = commit["meta"]
+        return found
+
+    def _evaluation(self, global_: int) -> float | None:
+        try:
+            return json.loads(self.home.get(self.plan.keys.evaluation(global_)))["eval_loss"]
+        except ObjectNotFound:
+            return None
+
+    def _gone_after(self, members: Members) -> bool:
+        """Whether the round's evaluator was lost since: its evaluation will not come."""
+        later = read_members(self.home, self.plan, members.round + 1)
+        return members.evaluator in self.notes["lost"] or (later is not None and members.evaluator in later.gone)
+
+    def _started(self, r: int, members: Members) -> float:
+        if r > 0 and self.history:
+            return self.history[-1]["published_at"]
+        starts = [c["meta"].get("started_at") for c in members.contributions.values() if c["meta"].get("started_at")]
+        return min(starts, default=members.decided_at)
+
+
+def round_record(members: Members, globals_: dict[str, dict], eval_loss: float | None, started: float) -> dict:
+    """A round's record in the run's history: who took part, what each cloud did, the digests of its global."""
+    digests = {c: m.get("digest") for c, m in globals_.items()}
+    refused = next((m.get("refused", {}) for m in globals_.values()), {})
+    exchange = {c: m.get("exchange", {}) for c, m in globals_.items()}
+    return {
+        "round": members.round,
+        "wall_s": members.decided_at - started,
+        "published_at": members.decided_at,
+        "shares": members.shares,
+        "clouds": {c: v["meta"] for c, v in sorted(members.contributions.items())},
+        "lost": members.lost,  # clouds lost in this round, for the rest of the run
+        "refused": refused,  # clouds whose contribution this round was refused
+        "next_shares": members.next_shares,
+        "caps": members.caps,
+        "evaluator": members.evaluator,
+        "eval_loss": eval_loss,
+        "digests": digests,
+        "digests_agree": len(set(digests.values())) <= 1,
+        "sync_s": max((e.get("reduce_s", 0.0) + e.get("fetch_s", 0.0) for e in exchange.values()), default=0.0),
+        "wan_bytes": sum(e.get("read_bytes", 0) for e in exchange.values()),
+    }
