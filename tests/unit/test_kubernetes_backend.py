@@ -46,7 +46,8 @@ def spec_for(cloud, devices: int, accelerator: str | None = None) -> SubTaskSpec
     accelerator = accelerator or cloud.pools[0].accelerator
     args = ["--tenant", "team-a", "--run-id", RUN_ID, "--cloud", cloud.name, "--federation", "/airflow/federation.yaml"]
     return SubTaskSpec(tenant="team-a", run_id=RUN_ID, cloud=cloud.name, image=f"registry.example.com/w:{accelerator}",
-                       accelerator=accelerator, devices=devices, args=args, access=cloud.access.model_dump())
+                       accelerator=accelerator, devices=devices, args=args, access=cloud.access.model_dump(),
+                       peers=["beijing"])
 
 
 def one_accelerator_cloud(accelerator: str, **access):
@@ -127,6 +128,9 @@ def test_job_of_a_kueue_gpu_cloud_field_by_field(monkeypatch):
     assert env["CROSSCLOUD_WUHAN_TEAM_A_ACCESS_KEY_ID"]["valueFrom"]["secretKeyRef"]["key"] == "access_key_id"
     assert env["CROSSCLOUD_WUHAN_TEAM_A_SESSION_TOKEN"]["valueFrom"]["secretKeyRef"]["optional"] is True
     assert all("value" not in e for n, e in env.items() if n.startswith("CROSSCLOUD_WUHAN"))
+    # the keys of a peer's store, whose deltas the sub-task reads, from the same Secret, where it has them
+    peer = env["CROSSCLOUD_BEIJING_TEAM_A_ACCESS_KEY_ID"]["valueFrom"]["secretKeyRef"]
+    assert peer == {"name": "crosscloud-store-team-a", "key": "beijing.access_key_id", "optional": True}
     configmap, service = companion_manifests(spec, cloud, "fed", job_uid="uid-1")
     assert configmap["data"] == {"federation.yaml": "fed"} and configmap["metadata"]["name"] == name
     assert service["metadata"]["ownerReferences"] == [{"apiVersion": "batch/v1", "kind": "Job", "name": name, "uid": "uid-1"}]

@@ -13,6 +13,14 @@ from crosscloud.training.outer import SYNCHRONOUS, OuterConfig, outer_step, weig
 from crosscloud.training.rounds import DelayedGlobal
 
 
+def _fold(known: DelayedGlobal, params: dict[str, torch.Tensor], meta: dict | None = None) -> dict[str, torch.Tensor]:
+    """Fold a whole global in, tensor by tensor, as DiLoCo does; the corrections."""
+    known.begin()
+    fix = {n: known.correct(n, t) for n, t in params.items()}
+    known.end(meta or {})
+    return fix
+
+
 def _run(progress: list[list[float]], cfg: OuterConfig, lag: list[int] | None, mix: float = 0.0) -> tuple[list[float], list[list[float]]]:
     """Two workers whose training moves a scalar by progress[r][c] each round, in equal steps.
 
@@ -28,7 +36,7 @@ def _run(progress: list[list[float]], cfg: OuterConfig, lag: list[int] | None, m
         for i in range(steps):
             for c in (0, 1):
                 if i == fold_at:  # global r arrives i steps into round r
-                    fix = known[c].correction({"w": theta[r]}, {})["w"]
+                    fix = _fold(known[c], {"w": theta[r]})["w"]
                     x[c] = x[c] + fix
                 x[c] = x[c] + moves[c] / steps
                 prog[c] = prog[c] + moves[c] / steps
@@ -40,7 +48,7 @@ def _run(progress: list[list[float]], cfg: OuterConfig, lag: list[int] | None, m
         theta.append(new["w"])
         if lag is None:  # blocking: wait for global r + 1 before round r + 1
             for c in (0, 1):
-                x[c] = x[c] + known[c].correction({"w": theta[-1]}, {})["w"]
+                x[c] = x[c] + _fold(known[c], {"w": theta[-1]})["w"]
     return [t.item() for t in theta], ends
 
 
@@ -98,10 +106,10 @@ def test_delayed_global_keeps_the_running_rounds_progress():
     known.record(1, {"w": torch.tensor([0.5])})
     assert known.pending()
     # global 1 = 2: the others did more than this cloud's 1 in round 0
-    assert known.correction({"w": torch.tensor([2.0])}, {"next_shares": {"a": 16}})["w"].item() == 1.0
+    assert _fold(known, {"w": torch.tensor([2.0])}, {"next_shares": {"a": 16}})["w"].item() == 1.0
     assert known.round == 1 and known.metas[1] == {"next_shares": {"a": 16}}
     assert known.pending()  # round 1's progress still waits for global 2
-    assert known.correction({"w": torch.tensor([2.25])}, {})["w"].item() == -0.25
+    assert _fold(known, {"w": torch.tensor([2.25])})["w"].item() == -0.25
     assert not known.pending()
 
 

@@ -43,7 +43,8 @@ def _plan(run_id: str, spec: JobSpec, share: int = 6) -> tuple[Plan, object]:
     store = open_store(fed.cloud("beijing"), spec.tenant)
     shards = [put_blob(store, spec.tenant, bytes([i]) * 1000, kind="dataset")[0] for i in range(4)]
     held = put_blob(store, spec.tenant, b"held out" * 100, kind="dataset")[0]
-    code = put_blob(store, spec.tenant, b"FAMILY = 'byte-lm'\n", kind="program")[0]
+    code = put_blob(store, spec.tenant, b"FAMILY = 'byte-lm'\n\n\ndef build_model(args):\n    raise NotImplementedError\n\n\n"
+                    b"def evaluate(model, run):\n    return float(model.embed.weight.sum())\n", kind="program")[0]
     blob = BlobRef(sha256="0" * 64, size=1)
     plan = Plan(tenant=spec.tenant, run_id=run_id, federation=fed.name, federation_path="", job=spec,
                 model=preset(spec.model_size), outer=spec.outer, coordinator_cloud="beijing",
@@ -152,6 +153,11 @@ def test_diloco_commits_the_round_and_resume_gives_everything_back(environment):
     saved, now = again_opt.state_dict(), opt.state_dict()
     assert torch.equal(saved["state"][0]["exp_avg"], now["state"][0]["exp_avg"]) and saved["param_groups"] == now["param_groups"]
     assert latest_state(store, plan.keys, "beijing").round == 0
+    # the cloud reduced its round itself, and the home cloud evaluated the start and the end with the program's evaluate
+    evals = {g: json.loads(store.get(plan.keys.evaluation(g)))["eval_loss"] for g in (0, 1)}
+    assert evals[0] == pytest.approx(float(start.embed.weight.sum()))
+    assert evals[1] == pytest.approx(float(model.embed.weight.sum()))
+    assert read_commit(store, plan.keys.global_step(1))["meta"]["members"] == ["beijing"]
 
 
 def test_a_committed_step_is_never_written_again(environment):

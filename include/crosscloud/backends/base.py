@@ -26,6 +26,7 @@ class SubTaskSpec:
     env: dict[str, str] = field(default_factory=dict)
     access: dict = field(default_factory=dict)  # the cloud's federation ``access`` section: where and how to start
     retries: int = 0  # a backend that restarts sub-tasks itself (Kubernetes' backoffLimit) does so this many times
+    peers: list[str] = field(default_factory=list)  # the run's other clouds, whose stores the sub-task reads deltas from
 
     def to_dict(self) -> dict:
         return asdict(self)

@@ -103,7 +103,12 @@ def _command(spec: SubTaskSpec, name: str, pods: int, per_pod: int) -> list[str]
 
 
 def _env(spec: SubTaskSpec, cloud: Cloud) -> list[dict]:
-    """Plain settings as values; store keys only as references to the tenant's Secret, never as values."""
+    """Plain settings as values; store keys only as references to the tenant's Secret, never as values.
+
+    The Secret holds the keys of the cloud's own store (``access_key_id``...) and,
+    for each peer cloud whose deltas the sub-task reads, ``<peer>.access_key_id``...
+    (optional: a peer store that needs no keys has none).
+    """
     env = [{"name": "PYTHONUNBUFFERED", "value": "1"},
            {"name": "NODE_RANK", "valueFrom": {"fieldRef": {
                "fieldPath": "metadata.annotations['batch.kubernetes.io/job-completion-index']"}}}]
@@ -115,6 +120,10 @@ def _env(spec: SubTaskSpec, cloud: Cloud) -> list[dict]:
             if arg == "aws_session_token":
                 ref["optional"] = True
             env.append({"name": var, "valueFrom": {"secretKeyRef": ref}})
+        for peer in spec.peers:
+            for var, arg in credential_env_names(peer, spec.tenant).items():
+                ref = {"name": secret, "key": f"{peer}.{arg.removeprefix('aws_')}", "optional": True}
+                env.append({"name": var, "valueFrom": {"secretKeyRef": ref}})
     return env
 
 

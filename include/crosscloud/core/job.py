@@ -58,7 +58,7 @@ class JobSpec:
     outer_lr: float = 1.0
     outer_momentum: float = 0.0
     round_timeout_s: float = 600.0
-    # the coordinator evaluates the global on the held-out bytes when this many more steps are trained, and
+    # the home cloud evaluates the global on the held-out bytes when this many more steps are trained, and
     # after the last round: evaluating is forward passes only, cheap next to the rounds between
     eval_every_steps: int = 40
     overlap: bool = True

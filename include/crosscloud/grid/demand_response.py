@@ -11,7 +11,7 @@ planner weighs two actions by the training progress they cost per watt shed:
   follows the measured DVFS curve (``energy.power.PowerCurve``), so a 29 % cut in
   drawn power keeps about 90 % of the throughput.
 
-Both take effect at the run's next round (the coordinator publishes them with
+Both take effect at the run's next round (the clouds' record of a round fixes them with
 the next global checkpoint; workers read them when they start a round), so a
 request is feasible only if the run's round time fits its ``within_s``. Power
 is modelled (``energy.power``); a cloud with ``power_metrics`` is metered as well
@@ -157,7 +157,7 @@ def control_key(root: str) -> str:
 
 
 def write_directive(store: ObjectStore, root: str, cloud: str, action: Action | None, request: dict) -> dict:
-    """Tell a run's coordinator what ``cloud`` does from its next round; None restores it."""
+    """Tell a run's clouds what ``cloud`` does from its next round; None restores it."""
     try:
         control = json.loads(store.get(control_key(root)))
     except ObjectNotFound:
@@ -216,7 +216,7 @@ def runs_on(fed: Federation, cloud: str, ledger: Ledger | None = None) -> list[R
 
 def respond(fed: Federation, cloud: str, reduce_pct: float, within_s: float, curve: PowerCurve,
             ledger: Ledger | None = None) -> tuple[ShedPlan, float]:
-    """Plan the cut and tell each affected run's coordinator; returns the plan and when it was issued."""
+    """Plan the cut and tell each affected run's clouds; returns the plan and when it was issued."""
     plan = plan_shed(fed, cloud, runs_on(fed, cloud, ledger), reduce_pct, within_s, curve)
     if (meter := fed.cloud(cloud).power_metrics) is not None:
         plan.measured_before_w = measured_power_w(meter)

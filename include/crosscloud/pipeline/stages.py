@@ -3,7 +3,7 @@
 The DAG ``cross_cloud_training`` calls each stage from its own task; benchmarks
 and the baseline calibration call ``run_job``, which runs the same stages in
 one process. A stage finds everything by ``RunRef`` (federation, tenant, run
-id): the plan in the coordinator's store is the single source of truth.
+id): the plan in the home cloud's store is the single source of truth.
 """
 
 from __future__ import annotations
@@ -174,7 +174,7 @@ def preheat_stage(ref: RunRef) -> dict:
     round0 = plan.keys.global_step(0)
     init_entry = {"artifact": manifest_key(plan.tenant, plan.init.sha256), "size": plan.init.size, "sha256": plan.init.sha256}
     meta = {"round": -1, "published_at": time.time()}
-    # the coordinator's own store last: its commit marks the round published
+    # the home cloud's store last: its commit marks global 0 published
     for store in [s for name, s in stores.items() if name != fed.local_cloud.name] + [home]:
         if read_commit(store, round0) is None:
             write_step(store, round0, {}, refs={"params.safetensors": init_entry}, meta=meta)
@@ -190,6 +190,7 @@ def subtask_spec(plan: Plan, cloud: str, env: dict[str, str] | None = None, acce
     return SubTaskSpec(
         tenant=plan.tenant, run_id=plan.run_id, cloud=cloud, image=me.image, accelerator=me.accelerator,
         devices=me.devices, args=args, env=env or {}, access=access or {}, retries=plan.spec.subtask_retries,
+        peers=[c.name for c in plan.clouds if c.name != cloud],
     )
 
 
@@ -229,7 +230,7 @@ def stop_run(ref: RunRef, handles: list[Handle]) -> None:
     """Tell every sub-task to stop (a STOP marker in each store) and stop the ones still running."""
     fed, plan = ref.load()
     for cloud in plan.clouds:
-        open_store(fed.cloud(cloud.name), plan.tenant).put(plan.keys.stop, b"stopped by the coordinator\n")
+        open_store(fed.cloud(cloud.name), plan.tenant).put(plan.keys.stop, b"stopped by crosscloud\n")
     for handle in handles:
         get_backend(handle["backend"]).stop(handle)
 

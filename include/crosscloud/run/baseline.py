@@ -45,7 +45,7 @@ def iteration_time(history: list[dict], inner_steps: int) -> float:
 
 
 def calibration_spec(plan) -> JobSpec:
-    """A short single-cluster job on the coordinator's cloud with the same total devices."""
+    """A short single-cluster job on the home cloud with the same total devices."""
     return dataclasses.replace(
         plan.spec,
         mode="single_cluster",

@@ -1,6 +1,6 @@
-"""A run's round records, one per round, kept beside its plan in the coordinator's store.
+"""A run's round records, one per round, kept beside its plan in the home cloud's store.
 
-The coordinator rewrites the list after each round's global is committed; every
+The watcher rewrites the list after each round it records; every
 later reader (the run report, demand response, the final stage) reads it here.
 """
 

@@ -1,7 +1,7 @@
 """MLflow tracking: a parent run per job, one nested child run per cloud.
 
 Workers never talk to MLflow (a remote cloud may not reach it): they put their
-timings and losses in their round commits, and the coordinator logs them here.
+timings and losses in their round commits, and the watcher logs them here.
 Tags and metric names are the same for cross-cloud runs and single-cluster
 baselines, so MLflow's compare view lines them up.
 """

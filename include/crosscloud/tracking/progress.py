@@ -15,7 +15,7 @@ import sys
 from typing import TextIO
 
 CLOUD_ROUND = re.compile(r"\[([a-z0-9-]+)\] round (\d+):")
-# the coordinator's (eval loss only in the rounds it evaluates); a cloud's line matches CLOUD_ROUND first
+# the watcher's (eval loss only in the rounds it evaluates); a cloud's line matches CLOUD_ROUND first
 GLOBAL_ROUND = re.compile(r"\bround (\d+): (?:eval loss ([0-9.]+), )?wall ")
 CALIBRATION = re.compile(r"calibrating (\d+) single-cluster rounds")
 STAGE = re.compile(r"\[DAG TEST\] end task|placement [a-z]|cloud [a-z0-9-]+: share|preheat: |baseline: |eval loss [0-9.]+ -> ")
@@ -58,7 +58,7 @@ class Progress:
             self.clouds[m[1]] = max(self.clouds.get(m[1], 0), int(m[2]) + 1)
         elif m := GLOBAL_ROUND.search(line):
             self.done = int(m[1]) + 1
-            if m[2] is not None:  # a round the coordinator evaluated
+            if m[2] is not None:  # a round whose global was evaluated
                 self.eval_loss = float(m[2])
         elif STAGE.search(line):
             self._print(clean(line))

@@ -1,6 +1,6 @@
 """One run as a person looks at it: its plan, why each cloud, its rounds split into compute / communication / waiting.
 
-Read from the run's own objects in the coordinator's store (``plan.json``,
+Read from the run's own objects in the home cloud's store (``plan.json``,
 ``history.json`` written after every round, ``summary.json`` once finished),
 so a running run shows its rounds so far. The UI page and the MLflow plots
 both read this; neither recomputes it.
@@ -43,14 +43,14 @@ class RunView:
     candidates: list[dict]  # cloud, accelerator, chosen, reason
     timeline: dict[str, list[RoundSlice]]
     rounds_done: int
-    eval_loss: list[tuple[int, float]]  # (round, eval loss after it), for the rounds the coordinator evaluated
+    eval_loss: list[tuple[int, float]]  # (round, eval loss after it), for the rounds whose global was evaluated
     metrics: dict = field(default_factory=dict)  # the summary's whole-run metrics once finished
     baseline: dict | None = None
     tracking: dict = field(default_factory=dict)  # experiment_id, parent_run_id, child_run_ids
 
 
 def slice_of(round_: int, rec: dict) -> RoundSlice:
-    """Compute / communication / waiting of one cloud's round record (the coordinator's or the summary's)."""
+    """Compute / communication / waiting of one cloud's round record (the history's or the summary's)."""
     return RoundSlice(round_, rec["compute_s"], rec["upload_s"] + rec["download_s"], rec["wait_s"])
 
 

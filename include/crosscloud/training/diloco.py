@@ -285,7 +285,8 @@ class DiLoCo:
         saved = {n: p.detach().clone() for n, p in parameters(self.model).items()}
         load_params(self.model, self.known.params)
         try:
-            loss = float(self._evaluate(self.model, self.run))
+            with torch.no_grad():
+                loss = float(self._evaluate(self.model, self.run))
         finally:
             load_params(self.model, saved)
         write_evaluation(self.exchange.decider.home, self.plan, global_, self.run.cloud, loss)

@@ -51,7 +51,7 @@ def outer_step(
     """One Nesterov SGD step on ``params`` with gradient ``delta``; returns (params, momentum).
 
     Without momentum the buffer is None: there is nothing to carry to the next round, so
-    the coordinator stores none (a params-sized object a round).
+    no cloud stores any (a params-sized object a round).
     """
     new_params, new_momentum = {}, {}
     for name, p in params.items():

@@ -157,7 +157,9 @@ class Watcher:
                 self.notes["lost"][cloud] = f"sub-task is {state} (exit code {code}) with no restart left"
                 self.log(f"cloud {cloud}: lost: {self.notes['lost'][cloud]}; the run goes on with the other clouds")
         gone = set(self.notes["lost"]) | set(self.notes["ended"])
-        if ended and not self.done and gone >= {c.name for c in self.plan.clouds}:
+        # a sub-task that succeeded committed and folded in every round: they are all decided, the records follow
+        finished = any(why.startswith("sub-task succeeded") for why in self.notes["ended"].values())
+        if ended and not self.done and not finished and gone >= {c.name for c in self.plan.clouds}:
             raise SubTaskLost(f"every cloud of run {self.plan.run_id} is lost: "
                               f"{ {**self.notes['ended'], **self.notes['lost']} }")
         return bool(ended)

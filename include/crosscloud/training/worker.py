@@ -8,8 +8,8 @@ the cloud, several devices are several ranks launched by torchrun.
 Exit codes: 0 the program trained every round; 3 the run was stopped;
 4 the program failed (not found, did not import, raised, or broke the SDK's
 contract), reported with the program, the cloud and the traceback: running it
-again would fail again, so the coordinator stops the run. Anything else (a
-crash, a kill) is a sub-task that died: the coordinator starts it again.
+again would fail again, so the watcher stops the run. Anything else (a
+crash, a kill) is a sub-task that died: the watcher starts it again.
 
 Run as ``python -m crosscloud.training.worker --tenant T --run-id R --cloud C``.
 """

@@ -13,6 +13,7 @@ import json
 import os
 import shutil
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -25,8 +26,8 @@ from crosscloud.store.commit import read_commit, write_step
 from crosscloud.store.digest import IntegrityError
 from crosscloud.training.checkpoint import PARAMS
 from crosscloud.training.exchange.members import Members, RoundDecider
-from crosscloud.training.exchange.reduce import Delta, reduce, screen
-from crosscloud.training.exchange.tensorfile import TensorFile, TensorFileWriter
+from crosscloud.training.exchange.reduce import Delta, inspect, reduce, screen
+from crosscloud.training.exchange.tensorfile import TensorFile, TensorFileError, TensorFileWriter
 from crosscloud.training.exchange.transfer import download, file_sha256, upload
 from crosscloud.training.outer import outer_config
 from crosscloud.training.stopped import Stopped
@@ -71,11 +72,11 @@ class CloudExchange:
                           f"{members.gone[self.cloud]}")
         t1 = time.perf_counter()
         folder = self.spool / f"round-{r}"
-        deltas, refused, read = self._fetch(members, folder)
-        t2 = time.perf_counter()
         layout = {n: (torch.float32, tuple(t.shape)) for n, t in known.items()}
+        deltas, norms, refused, read = self._fetch(members, folder, layout)
+        t2 = time.perf_counter()
         try:
-            refused.update(screen(deltas, layout, members.shares))
+            refused.update(screen(norms, members.shares))
             accepted = {c: d for c, d in deltas.items() if c not in refused}
             if not accepted:
                 raise IntegrityError(f"round {r}: every contribution was refused: {refused}")
@@ -92,21 +93,36 @@ class CloudExchange:
         self._retain(r)
         return RoundResult(members=members, params=params, digest=digest, refused=refused, stats=stats)
 
-    def _fetch(self, members: Members, folder: Path) -> tuple[dict[str, Delta], dict[str, str], int]:
-        """Every member's delta into ``folder``, once; a delta that cannot be read as committed is refused."""
-        deltas, refused, read = {}, {}, 0
-        for cloud, c in sorted(members.contributions.items()):
+    def _fetch(self, members: Members, folder: Path,
+               layout: dict) -> tuple[dict[str, Delta], dict[str, float], dict[str, str], int]:
+        """Every member's delta into ``folder``, once, all at the same time, each inspected the moment it is in.
+
+        Returns the deltas, their norms, the refused ones (not as committed, malformed, not finite) and the bytes read
+        from other clouds' stores.
+        """
+        def one(cloud: str, c: dict) -> tuple[Delta, float]:
             if c["entry"] is None:
-                refused[cloud] = f"cloud {cloud}: its commit lists no pseudo-gradient"
-                continue
+                raise IntegrityError(f"cloud {cloud}: its commit lists no pseudo-gradient")
             path = folder / f"{cloud}.safetensors"
+            download(self.stores[cloud], c["entry"], path)
+            delta = Delta(cloud, path)
             try:
-                download(self.stores[cloud], c["entry"], path)
-                deltas[cloud] = Delta(cloud, path)
-                read += int(c["entry"]["size"]) if cloud != self.cloud else 0
-            except IntegrityError as exc:
-                refused[cloud] = str(exc)
-        return deltas, refused, read
+                return delta, inspect(delta, layout)
+            except BaseException:
+                delta.close()
+                raise
+
+        deltas, norms, refused = {}, {}, {}
+        with ThreadPoolExecutor(max(1, len(members.contributions))) as pool:
+            futures = {cloud: pool.submit(one, cloud, c) for cloud, c in sorted(members.contributions.items())}
+            for cloud, future in futures.items():
+                try:
+                    deltas[cloud], norms[cloud] = future.result()
+                except (IntegrityError, TensorFileError) as exc:
+                    refused[cloud] = str(exc)
+        read = sum(int(c["entry"]["size"]) for cloud, c in members.contributions.items()
+                   if cloud != self.cloud and c["entry"] is not None)
+        return deltas, norms, refused, read
 
     def _reduce(self, r: int, accepted: dict[str, Delta], members: Members,
                 known: dict[str, torch.Tensor]) -> tuple[Path, Path | None]:

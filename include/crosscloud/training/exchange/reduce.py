@@ -67,28 +67,26 @@ class Delta:
         return (q.float() * scale[:, None]).reshape(-1)[: stop - start]
 
 
-def screen(deltas: dict[str, Delta], layout: Layout, samples: dict[str, int]) -> dict[str, str]:
-    """The clouds whose contribution is refused, with why: malformed, not finite, or a norm far above the others'.
+def inspect(delta: Delta, layout: Layout) -> float:
+    """A contribution's norm, once it is found to hold exactly the model's tensors, all finite; else IntegrityError."""
+    delta.check(layout)
+    total = 0.0
+    for name in sorted(layout):
+        for start, stop in fragments(numel(layout[name][1]), FRAGMENT):
+            part = delta.fragment(name, start, stop)
+            if not torch.isfinite(part).all():
+                raise IntegrityError(f"cloud {delta.cloud}: {name} holds NaN or Inf")
+            total += float(part.double().pow(2).sum())
+    return math.sqrt(total)
+
+
+def screen(norms: dict[str, float], samples: dict[str, int]) -> dict[str, str]:
+    """The well-formed contributions refused for their norm: far above the other clouds' (``screening.outliers``).
 
     Only clouds that trained (samples > 0) take part in the norm comparison: a
     cloud whose work moved away contributes zeros and says nothing about scale.
     """
-    refused, norms = {}, {}
-    for cloud, delta in sorted(deltas.items()):
-        try:
-            delta.check(layout)
-            total = 0.0
-            for name in sorted(layout):
-                for start, stop in fragments(numel(layout[name][1]), FRAGMENT):
-                    part = delta.fragment(name, start, stop)
-                    if not torch.isfinite(part).all():
-                        raise IntegrityError(f"cloud {cloud}: {name} holds NaN or Inf")
-                    total += float(part.double().pow(2).sum())
-            norms[cloud] = math.sqrt(total)
-        except (IntegrityError, TensorFileError) as exc:
-            refused[cloud] = str(exc)
-    refused.update(outliers({c: n for c, n in norms.items() if samples.get(c, 0) > 0}))
-    return refused
+    return outliers({c: n for c, n in norms.items() if samples.get(c, 0) > 0})
 
 
 def reduce(deltas: dict[str, Delta], weights: dict[str, float], known: dict[str, torch.Tensor], cfg: OuterConfig,

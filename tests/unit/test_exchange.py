@@ -1,0 +1,191 @@
+"""The clouds' own round exchange: every cloud makes the same global, refuses the same contributions, and keeps little."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from crosscloud.core.job import JobSpec, OuterConfig
+from crosscloud.core.presets import preset
+from crosscloud.run.plan import CloudAssignment, Plan
+from crosscloud.store.base import LocalStore
+from crosscloud.store.chunks import BlobRef
+from crosscloud.store.commit import put_object, read_commit, write_step
+from crosscloud.store.tensors import to_bytes
+from crosscloud.training.compression import ErrorFeedback, decode
+from crosscloud.training.exchange.cloud import CloudExchange
+from crosscloud.training.exchange.members import read_members
+from crosscloud.training.exchange.reduce import Delta, reduce
+from crosscloud.training.exchange.tensorfile import TensorFile, TensorFileWriter
+from crosscloud.training.outer import outer_step, weighted_mean
+from crosscloud.training.stopped import Stopped
+from crosscloud.training.watcher import Watcher
+
+CLOUDS = ("beijing", "shanghai", "singapore")
+
+
+def _model(seed: int = 0) -> dict[str, torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    return {"embed": torch.randn(64, 16, generator=g), "block.w": torch.randn(16, 48, generator=g),
+            "block.b": torch.randn(48, generator=g), "norm": torch.randn(5, generator=g)}
+
+
+def _plan(tmp_path, spec: JobSpec) -> tuple[Plan, dict[str, LocalStore]]:
+    stores = {c: LocalStore(tmp_path / c, c) for c in CLOUDS}
+    plan = Plan(tenant=spec.tenant, run_id="ex", federation="test", federation_path="", job=spec,
+                model=preset(spec.model_size), outer=spec.outer, coordinator_cloud="beijing",
+                clouds=[CloudAssignment(name=c, role="local", method="local", accelerator="cpu", devices=1,
+                                        throughput=1.0, share=4, shards=[], image="") for c in CLOUDS],
+                candidates=[], dataset="python-stdlib", shards=[], held_out=[], init=BlobRef(sha256="0" * 64, size=1),
+                program=None, created_at=time.time())
+    return plan, stores
+
+
+def _commit_delta(plan: Plan, store: LocalStore, cloud: str, r: int, delta: dict[str, torch.Tensor], int8: bool = True,
+                  name: str | None = None) -> None:
+    payload = ErrorFeedback().compress(delta) if int8 else delta
+    name = name or ("delta.int8.safetensors" if int8 else "delta.safetensors")
+    step = plan.keys.cloud_step(cloud, r)
+    entry = put_object(store, f"{step}/{name}", to_bytes(payload))
+    write_step(store, step, {}, refs={name: entry}, meta={"round": r, "cloud": cloud, "samples": 40, "step_s": [0.1],
+                                                          "losses": [1.0], "started_at": time.time()})
+
+
+def _deltas(r: int) -> dict[str, dict[str, torch.Tensor]]:
+    return {c: {n: 0.01 * t for n, t in _model(100 * r + i + 1).items()} for i, c in enumerate(CLOUDS)}
+
+
+def _exchanges(plan, stores, tmp_path) -> dict[str, CloudExchange]:
+    return {c: CloudExchange(plan, c, stores, tmp_path / "spool" / c, log=lambda m: None) for c in CLOUDS}
+
+
+def test_a_tensor_file_written_in_fragments_is_a_safetensors_file_and_the_same_bytes_everywhere(tmp_path):
+    tensors = _model()
+    layout = {n: (t.dtype, tuple(t.shape)) for n, t in tensors.items()}
+    for name in ("a", "b"):
+        out = TensorFileWriter(tmp_path / f"{name}.safetensors", layout)
+        for n, t in sorted(tensors.items(), reverse=name == "b"):  # any order of fragments
+            flat = t.reshape(-1)
+            for start in range(0, flat.numel(), 100):
+                out.write(n, start, flat[start:start + 100])
+        out.close()
+    assert (tmp_path / "a.safetensors").read_bytes() == (tmp_path / "b.safetensors").read_bytes()
+    loaded = load_file(tmp_path / "a.safetensors")
+    assert all(torch.equal(loaded[n], t) for n, t in tensors.items())
+    with TensorFile(tmp_path / "a.safetensors") as f:
+        assert torch.equal(f.read("embed", 100, 300), tensors["embed"].reshape(-1)[100:300])
+
+
+@pytest.mark.parametrize("momentum", [0.0, 0.9])
+def test_the_streamed_reduce_is_the_outer_step_bit_for_bit(tmp_path, momentum):
+    known, cfg = _model(), OuterConfig(lr=0.7, momentum=momentum)
+    layout = {n: (torch.float32, tuple(t.shape)) for n, t in known.items()}
+    deltas, files, buf = _deltas(0), {}, None
+    for c, d in deltas.items():
+        (tmp_path / f"{c}.st").write_bytes(to_bytes(ErrorFeedback().compress(d)))
+        files[c] = Delta(c, tmp_path / f"{c}.st")
+        deltas[c] = decode(ErrorFeedback().compress(d), known)  # what the clouds committed, decoded whole
+    weights = {"beijing": 4.0, "shanghai": 8.0, "singapore": 4.0}
+    expected, buf = outer_step(known, weighted_mean(deltas, weights), None, cfg)
+    params = TensorFileWriter(tmp_path / "g.st", layout)
+    mom = TensorFileWriter(tmp_path / "m.st", layout) if momentum else None
+    reduce(files, weights, known, cfg, params, None, mom, torch.device("cpu"))
+    params.close()
+    got = load_file(tmp_path / "g.st")
+    assert all(torch.equal(got[n], expected[n]) for n in known)
+    if momentum:
+        mom.close()
+        assert all(torch.equal(load_file(tmp_path / "m.st")[n], buf[n]) for n in known)
+
+
+def test_every_cloud_makes_the_same_global_and_drops_the_same_poisoned_and_damaged_contributions(tmp_path):
+    plan, stores = _plan(tmp_path, JobSpec(rounds=3, compression="int8"))
+    deltas = _deltas(0)
+    deltas["singapore"] = {n: 1000.0 * t for n, t in deltas["singapore"].items()}  # poisoned: well-formed, huge
+    for c, d in deltas.items():
+        _commit_delta(plan, stores[c], c, 0, d)
+    exchanges, known = _exchanges(plan, stores, tmp_path), _model()
+    results = {}
+    threads = [threading.Thread(target=lambda c=c: results.__setitem__(c, exchanges[c].round(0, dict(known))))
+               for c in CLOUDS]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    digests = {c: read_commit(stores[c], plan.keys.global_step(1))["meta"]["digest"] for c in CLOUDS}
+    assert len(set(digests.values())) == 1 and {r.digest for r in results.values()} == set(digests.values())
+    assert all(set(r.refused) == {"singapore"} and "norm" in r.refused["singapore"] for r in results.values())
+    members = read_members(stores["beijing"], plan, 0)
+    assert sorted(members.contributions) == list(CLOUDS) and members.decided_by in CLOUDS
+    # round 1: shanghai's committed delta is damaged at rest: every cloud reads it 3 times, then refuses it
+    for c, d in _deltas(1).items():
+        _commit_delta(plan, stores[c], c, 1, d)
+    key = read_commit(stores["shanghai"], plan.keys.cloud_step("shanghai", 1))["objects"]["delta.int8.safetensors"]["key"]
+    path = stores["shanghai"].root / key
+    raw = bytearray(path.read_bytes())
+    raw[-5] ^= 0x10
+    path.write_bytes(bytes(raw))
+    new = {n: t.clone() for n, t in load_file(results["beijing"].params).items()}
+    again = {c: exchanges[c].round(1, new) for c in CLOUDS}
+    assert len({r.digest for r in again.values()}) == 1
+    assert all(set(r.refused) == {"shanghai"} and "sha256" in r.refused["shanghai"] for r in again.values())
+
+
+def test_a_cloud_past_its_patience_is_left_out_once_and_for_all_and_a_lost_cloud_stops(tmp_path):
+    plan, stores = _plan(tmp_path, JobSpec(rounds=3, round_timeout_s=1.0))
+    for c, d in _deltas(0).items():
+        if c != "singapore":  # singapore never commits round 0
+            _commit_delta(plan, stores[c], c, 0, d)
+    exchanges = _exchanges(plan, stores, tmp_path)
+    result = exchanges["beijing"].round(0, _model())
+    assert sorted(result.members.contributions) == ["beijing", "shanghai"]
+    assert set(result.members.lost) == {"singapore"} and result.members.next_shares["singapore"] == 0
+    assert sum(result.members.next_shares.values()) == plan.spec.global_batch  # its share went to the others
+    _commit_delta(plan, stores["singapore"], "singapore", 0, _deltas(0)["singapore"])  # too late
+    with pytest.raises(Stopped, match="singapore was lost from the run in round 0"):
+        exchanges["singapore"].round(0, _model())
+
+
+def test_retention_keeps_the_last_rounds_and_a_restarted_cloud_rebuilds_the_same_global(tmp_path):
+    plan, stores = _plan(tmp_path, JobSpec(rounds=6, keep_rounds=2, outer_momentum=0.5))
+    exchanges, known = _exchanges(plan, stores, tmp_path), {c: _model() for c in CLOUDS}
+    for r in range(4):
+        for c, d in _deltas(r).items():
+            _commit_delta(plan, stores[c], c, r, d)
+        for c in CLOUDS:
+            result = exchanges[c].round(r, known[c])
+            known[c] = {n: t.clone() for n, t in load_file(result.params).items()}
+    own = stores["shanghai"]
+    deltas = {int(k.split("/")[-2]) for k in own.list(f"{plan.keys.root}/clouds/shanghai") if k.endswith("COMMIT.json")}
+    globals_ = {int(k.split("/")[-2]) for k in own.list(f"{plan.keys.root}/global") if k.endswith("COMMIT.json")}
+    assert deltas == {2, 3} and globals_ == {3, 4}
+    # shanghai dies after round 3's exchange and starts again from its state at round 3 (global 3 folded in):
+    # it finds its outer momentum in its global 3 and makes global 4 again, the same bytes
+    reborn = CloudExchange(plan, "shanghai", stores, tmp_path / "spool-new", log=lambda m: None)
+    reborn.restore(3)
+    global3 = read_commit(own, plan.keys.global_step(3))["objects"]["params.safetensors"]["key"]
+    (tmp_path / "g3.st").write_bytes(own.get(global3))
+    redo = reborn.round(3, dict(load_file(tmp_path / "g3.st")))
+    assert redo.digest == read_commit(own, plan.keys.global_step(4))["meta"]["digest"]
+
+
+def test_the_watcher_records_decided_rounds_from_the_home_store_alone(tmp_path):
+    plan, stores = _plan(tmp_path, JobSpec(rounds=2, inner_steps=10, eval_every_steps=10))
+    exchanges = _exchanges(plan, stores, tmp_path)
+    watcher = Watcher(plan, stores, handles=[], log=lambda m: None)
+    assert watcher.peek() is None and watcher.act() == []
+    for c, d in _deltas(0).items():
+        _commit_delta(plan, stores[c], c, 0, d)
+    for c in CLOUDS:
+        exchanges[c].round(0, _model())
+    assert watcher.peek() == "round 0 decided"
+    assert watcher.act() == []  # evaluation is due after round 0 and not there yet
+    stores["beijing"].put(plan.keys.evaluation(1), json.dumps({"eval_loss": 2.5}).encode())
+    [record] = Watcher(plan, stores, handles=[], log=lambda m: None).act()  # a new watcher picks up the same round
+    assert record["round"] == 0 and record["eval_loss"] == 2.5 and record["digests_agree"]
+    assert set(record["digests"]) == set(CLOUDS) and record["wan_bytes"] > 0
