@@ -17,7 +17,8 @@ from __future__ import annotations
 import math
 import os
 import time
-from concurrent.futures import Future, ThreadPoolExecutor
+import threading
+from concurrent.futures import Future
 
 import torch
 import torch.distributed as dist
@@ -39,6 +40,21 @@ from crosscloud.training.session import Run, load_params, parameters, rank_batch
 
 def _fp32(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     return {n: p.detach().float().clone() for n, p in parameters(model).items()}
+
+
+def _beside(fn, *args) -> Future:
+    """Run ``fn`` in a daemon thread: a sub-task that stops (or fails) mid-exchange exits without waiting for it."""
+    future: Future = Future()
+
+    def target() -> None:
+        if future.set_running_or_notify_cancel():
+            try:
+                future.set_result(fn(*args))
+            except BaseException as exc:  # handed to the training thread, which raises it where it waits
+                future.set_exception(exc)
+
+    threading.Thread(target=target, name="exchange", daemon=True).start()
+    return future
 
 
 def exchange_for(run: Run) -> CloudExchange:
@@ -68,7 +84,6 @@ class DiLoCo:
         self.base: dict[str, torch.Tensor] = {}
         self.ready = {"wait_s": 0.0, "download_s": 0.0}
         self.exchange = exchange_for(run) if run.rank == 0 else None
-        self.pool = ThreadPoolExecutor(1, thread_name_prefix="exchange") if run.rank == 0 else None
         self.inflight: Future | None = None
         self.exchanged: dict = {}  # the last exchange's figures, for the next round's commit
         self._evaluate = None
@@ -84,8 +99,6 @@ class DiLoCo:
         return self
 
     def __exit__(self, exc_type, exc, tb) -> bool:
-        if self.pool:
-            self.pool.shutdown(wait=exc_type is None, cancel_futures=True)
         return False
 
     def step(self, loss: torch.Tensor | float | None = None) -> None:
@@ -202,7 +215,7 @@ class DiLoCo:
                 "losses": losses, "step_s": work.step_s, "compute_s": work.compute_s, "folded_at_step": work.folded_at,
                 "cap": self.cap["cap"], "started_at": work.started_at, "exchange": self.exchanged, **self.ready,
                 "upload_s": time.perf_counter() - t + work.state_s})  # the round's writes: its state and its delta
-        self.inflight = self.pool.submit(self.exchange.round, r, self.known.params)
+        self.inflight = _beside(self.exchange.round, r, self.known.params)
         line = (f"round {r}: trained before the restart, committed" if restored and self.share > 0 else
                 round_line(r, losses, work, self.cap, self.ready, self.spec.inner_steps))
         print(line, flush=True)

@@ -5,7 +5,9 @@ the data, so a changed program needs no new image), sets the environment
 ``crosscloud.sdk.init()`` reads, and runs the program as ``__main__``. Inside
 the cloud, several devices are several ranks launched by torchrun.
 
-Exit codes: 0 the program trained every round; 3 the run was stopped;
+Exit codes: 0 the program trained every round; 3 the run was stopped (or the
+cloud lost from it); 5 the round exchange failed (a store past its retries):
+started again, it resumes;
 4 the program failed (not found, did not import, raised, or broke the SDK's
 contract), reported with the program, the cloud and the traceback: running it
 again would fail again, so the watcher stops the run. Anything else (a
@@ -24,9 +26,10 @@ import traceback
 
 import torch.distributed as dist
 
-from crosscloud.backends.base import PROGRAM_FAILED, STOPPED
+from crosscloud.backends.base import EXCHANGE_FAILED, PROGRAM_FAILED, STOPPED
 from crosscloud.core.federation import load_federation
 from crosscloud.run.plan import Plan
+from crosscloud.store.base import StoreError
 from crosscloud.store.open_store import open_store
 from crosscloud.training import session
 from crosscloud.training.diloco import check_finished
@@ -61,6 +64,9 @@ def run_program(path: str, name: str, cloud: str) -> int:
     except ProgramError as exc:
         print(f"crosscloud: {exc}", file=sys.stderr, flush=True)
         return PROGRAM_FAILED
+    except StoreError as exc:  # the exchange's store past its retries, or bytes refused: a restart goes on from the state
+        print(f"crosscloud: cloud {cloud}: the round exchange failed: {exc}", file=sys.stderr, flush=True)
+        return EXCHANGE_FAILED
     except Exception:
         rank = os.environ.get("RANK", "0")
         print(f"crosscloud: program {name} failed on cloud {cloud} (rank {rank}):\n{traceback.format_exc()}",
