@@ -468,7 +468,8 @@ def run_job(spec: JobSpec, run_id: str, federation_path: str | None = None, expe
         handles = [dispatch_stage(ref, c.name) for c in plan.clouds]
         try:
             sync_stage(ref, handles, log)
-        except BaseException:
+        except BaseException:  # nothing watches any more: stop the sub-tasks (the DAG's cleanup does it there)
+            stop_run(ref, handles)
             if plan.tracking:
                 Tracker().fail(plan)
             raise

@@ -283,7 +283,8 @@ class DiLoCo:
                 result.params.unlink(missing_ok=True)
         self.known.end(meta)
         if result:
-            self.inflight, self.exchanged = None, {**result.stats, "digest": result.digest}
+            self.inflight = None  # reported with the next round's commit, where the watcher reads it
+            self.exchanged = {**result.stats, "digest": result.digest, "refused": result.refused}
             if result.members.evaluator == self.run.cloud and self.spec.evaluates_after(result.members.round):
                 self._evaluate_global(self.known.round)
 

@@ -179,20 +179,28 @@ class Watcher:
                 self.log(f"[{cloud}] {line}")
 
     def _record(self, r: int) -> dict | None:
-        """Round ``r``'s record once it is decided and its global made (and evaluated where due), else None."""
+        """Round ``r``'s record once it is decided and its global made (and evaluated where due), else None.
+
+        A cloud reports the digest of each global it made in its next round's commit, so the
+        next round's record holds them all; only the last round's are read from the clouds'
+        own commits of the last global (which retention never deletes).
+        """
         members = read_members(self.home, self.plan, r)
         if members is None:
             return None
-        globals_ = self._globals(r, members)
-        evaluation = self._evaluation(r + 1) if self.plan.spec.evaluates_after(r) else None
+        self.since = max(self.since, members.decided_at)  # a round decided is progress, recorded or not yet
+        later = read_members(self.home, self.plan, r + 1)
+        made = ({c: v["meta"].get("exchange") or {} for c, v in later.contributions.items()} if later
+                else self._globals(r, members))
+        due = self.plan.spec.evaluates_after(r)
+        evaluation = self._evaluation(r + 1) if due else None
         waited = time.time() - members.decided_at > self.plan.spec.round_timeout_s
-        if not waited and (members.evaluator not in globals_ or
-                           (self.plan.spec.evaluates_after(r) and evaluation is None and not self._gone_after(members))):
+        if not waited and (members.evaluator not in made or (due and evaluation is None and not self._gone_after(members))):
             return None
-        return round_record(members, globals_, evaluation, self._started(r, members))
+        return round_record(members, made, evaluation, self._started(r, members))
 
     def _globals(self, r: int, members: Members) -> dict[str, dict]:
-        """The metas of the members' committed copies of global ``r + 1`` found so far."""
+        """What the members' commits of global ``r + 1`` say of the exchange that made it, for those found so far."""
         found = {}
         for cloud in sorted(members.contributions):
             try:
@@ -201,7 +209,8 @@ class Watcher:
                 self.log(f"round {r}: cloud {cloud}'s global unreadable for now: {exc}")
                 continue
             if commit is not None:
-                found[cloud] = commit["meta"]
+                found[cloud] = {**commit["meta"].get("exchange", {}), "digest": commit["meta"].get("digest"),
+                                "refused": commit["meta"].get("refused", {})}
         return found
 
     def _evaluation(self, global_: int) -> float | None:
@@ -222,11 +231,14 @@ class Watcher:
         return min(starts, default=members.decided_at)
 
 
-def round_record(members: Members, globals_: dict[str, dict], eval_loss: float | None, started: float) -> dict:
-    """A round's record in the run's history: who took part, what each cloud did, the digests of its global."""
-    digests = {c: m.get("digest") for c, m in globals_.items()}
-    refused = next((m.get("refused", {}) for m in globals_.values()), {})
-    exchange = {c: m.get("exchange", {}) for c, m in globals_.items()}
+def round_record(members: Members, made: dict[str, dict], eval_loss: float | None, started: float) -> dict:
+    """A round's record in the run's history: who took part, what each cloud did, the digests of its global.
+
+    ``made``: per cloud that made the round's global, its exchange's figures, digest and refusals.
+    """
+    digests = {c: m.get("digest") for c, m in made.items() if m.get("digest")}
+    refused = next((m.get("refused", {}) for m in made.values() if "refused" in m), {})
+    exchange = made
     return {
         "round": members.round,
         "wall_s": members.decided_at - started,
@@ -243,4 +255,5 @@ def round_record(members: Members, globals_: dict[str, dict], eval_loss: float |
         "digests_agree": len(set(digests.values())) <= 1,
         "sync_s": max((e.get("reduce_s", 0.0) + e.get("fetch_s", 0.0) for e in exchange.values()), default=0.0),
         "wan_bytes": sum(e.get("read_bytes", 0) for e in exchange.values()),
+        "exchange": {c: {k: v for k, v in e.items() if k.endswith("_s") or k.endswith("_bytes")} for c, e in made.items()},
     }
