@@ -19,17 +19,22 @@ One training job split over several sovereign clouds that train together.
 3. **dispatch_local**, **dispatch_kubernetes**, **dispatch_ssh** (one mapped
    task per cloud of that access method; skipped when no cloud uses it) start
    each sub-task and return at once; sub-tasks train H inner steps per round
-   and commit their pseudo-gradients to their own store. **await_kubernetes**
+   and commit their pseudo-gradients to their own store; then each cloud
+   reduces the round itself (DiLoCo outer Nesterov step) from the deltas of
+   the round's members and commits the same global. **await_kubernetes**
    waits, deferred, for each Kubernetes Job to end and puts its pods' logs in
    its task log.
-4. **sync_checkpoints** combines each round's pseudo-gradients (DiLoCo outer
-   Nesterov step), publishes the global checkpoint to every cloud and relays
-   the sub-tasks' logs. A retried coordinator resumes after the last
-   committed round.
+4. **sync_checkpoints** watches, deferred: the triggerer waits on the rounds
+   the clouds commit (no worker slot held, no tensor loaded); for each one a
+   worker, for a moment, records it in the run's history and in MLflow,
+   restarts a sub-task that died and relays the sub-tasks' logs. An MLflow or
+   store outage is retried and never fatal; a failed, retried or restarted
+   watch never stops training: it picks up after the last recorded round.
 5. **aggregate** writes and evaluates the final model, measures the
    iteration-time gap against the single-cluster baseline and closes the
    MLflow runs. **cleanup** (a teardown) stops any sub-task still running and
-   releases the run's reservation, whatever happened.
+   releases the run's reservation, whatever happened: stopping a failed or
+   killed run is its alone.
 
 Trigger with `mode = single_cluster` to record a baseline on one cloud.
 """
@@ -109,6 +114,8 @@ JOB = JobSpec()  # the Params' defaults are the engine's, so the DAG runs what b
                               description="A JSON object the program reads as run.args (over seed, lr and model_size)."),
         "subtask_retries": Param(JOB.subtask_retries, type="integer", minimum=0, maximum=10,
                                  description="Times a sub-task that died is started again (it resumes) before its cloud is lost."),
+        "keep_rounds": Param(JOB.keep_rounds, type="integer", minimum=2,
+                             description="Rounds of deltas and globals each cloud keeps in its store (the final model stays)."),
         "follow_prices": Param(JOB.follow_prices, type="boolean", description="Move a dear cloud's batch share to cheaper clouds between rounds (DAG follow_prices)."),
     },
 )
@@ -164,7 +171,8 @@ def cross_cloud_training():
     @task(trigger_rule="all_done")
     def cleanup(run: dict) -> None:
         """Stop every sub-task of the run still alive and give its devices back, whatever the other tasks did."""
-        from crosscloud.pipeline.stages import release_stage, run_handles, stop_run
+        from crosscloud.pipeline.stages import release_stage
+        from crosscloud.pipeline.subtasks import run_handles, stop_run
 
         ref = run_ref(run)
         try:

@@ -5,14 +5,15 @@ its handle at once: ``LocalSubTaskOperator`` (processes here),
 ``SSHSubTaskOperator`` (a bare-metal host) and ``KubernetesSubTaskOperator``
 (an Indexed Job through the cncf-kubernetes provider, waited for by
 ``KubernetesSubTaskWaitOperator``); a further access method is a further
-operator here. ``SyncCheckpointsOperator`` runs the coordinator and stops the
-sub-tasks when it is killed.
+operator here. ``SyncCheckpointsOperator`` watches the run deferred (the
+clouds reduce each round themselves) and records each round as it commits; it
+never stops the sub-tasks, the DAG's ``cleanup`` teardown does.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, NoReturn
 
 from airflow.providers.cncf.kubernetes.operators.job import KubernetesJobOperator
 from airflow.sdk import BaseOperator
@@ -28,7 +29,7 @@ def all_handles(groups: Any) -> list[dict]:
 
 def run_ref(run: dict):
     """The engine's handle on a run, with store credentials taken from Airflow Connections."""
-    from crosscloud.pipeline.stages import RunRef
+    from crosscloud.run.ref import RunRef
     from crosscloud_airflow.connections import use_airflow_connections
 
     use_airflow_connections()
@@ -47,7 +48,7 @@ class LocalSubTaskOperator(BaseOperator):
         self.cloud = cloud
 
     def execute(self, context) -> dict:
-        from crosscloud.pipeline.stages import dispatch_stage
+        from crosscloud.pipeline.subtasks import dispatch_stage
 
         handle = dispatch_stage(run_ref(self.run), self.cloud)
         self.log.info("cloud %s: sub-task started, pid %s, log %s", self.cloud, handle["pid"],
@@ -86,7 +87,7 @@ class KubernetesSubTaskOperator(KubernetesJobOperator):
         from kubernetes.client import ApiClient
 
         from crosscloud.backends.kubernetes import job_manifest
-        from crosscloud.pipeline.stages import subtask_spec
+        from crosscloud.pipeline.subtasks import subtask_spec
 
         fed, plan = run_ref(self.run).load()
         cloud = fed.cloud(self.cloud)
@@ -129,7 +130,7 @@ class KubernetesSubTaskOperator(KubernetesJobOperator):
         from kubernetes import utils
 
         from crosscloud.backends.kubernetes import KubernetesBackend, companion_manifests
-        from crosscloud.pipeline.stages import check_warm
+        from crosscloud.pipeline.subtasks import check_warm
 
         fed, plan, spec, cloud, job = self.prepare()
         check_warm(fed, plan, self.cloud)
@@ -192,28 +193,89 @@ class KubernetesSubTaskWaitOperator(BaseOperator):
 
 
 class SyncCheckpointsOperator(BaseOperator):
-    """The coordinator: one outer step per round until the last; relays sub-task logs."""
+    """The run's watch, deferred: the clouds reduce each round themselves, this task records the rounds they commit.
+
+    ``execute`` defers at once to ``RoundTrigger``: the triggerer waits on the
+    round records, no worker slot held, no tensor loaded. ``resume`` runs on a
+    worker for a moment whenever the trigger fires: the engine watcher's ``act``
+    restarts dead sub-tasks, notes draining clouds, relays the sub-tasks' logs
+    and records each decided round in history.json and MLflow (an MLflow
+    outage is retried, then only logged); then it defers again, or returns the
+    history after the last round. A store outage is logged and waited out. The
+    watcher's state is in the run's home store, so a retried or restarted task
+    picks up where the last left off, and neither this task's failure, retry
+    nor kill stops training: the ``cleanup`` teardown stops a failed or killed
+    run. A program that failed, every cloud lost or no round decided within
+    ``round_timeout_s`` fails this task (``ProgramError``, ``SubTaskLost``).
+    """
 
     template_fields: Sequence[str] = ("run", "handles")
     ui_color = "#cfe2f3"
+    # a visit that recorded nothing (a round decided whose global is still being reduced, a sub-task this worker
+    # sees running) waits longer before the next: up to this many seconds
+    max_delay_s = 30.0
 
-    def __init__(self, *, run: Any, handles: Any, **kwargs):
+    def __init__(self, *, run: Any, handles: Any, poll_interval: float = 2.0, **kwargs):
         super().__init__(**kwargs)
         self.run = run
         self.handles = handles
+        self.poll_interval = poll_interval
 
-    def execute(self, context) -> list[dict]:
-        from crosscloud.pipeline.stages import sync_stage
+    def _defer(self, since: float | None, delay: float = 0.0) -> NoReturn:
+        from crosscloud_airflow.triggers import RoundTrigger
 
-        history = sync_stage(run_ref(self.run), all_handles([self.handles]), log=self.log.info)
-        return [{k: v for k, v in r.items() if k not in ("clouds", "shares", "next_shares")} for r in history]
+        self.defer(trigger=RoundTrigger(run=dict(self.run), handles=all_handles([self.handles]),
+                                        poll_interval=self.poll_interval, since=since, delay=delay),
+                   method_name="resume")
+
+    def execute(self, context) -> None:
+        import time
+
+        self.log.info("watching run %s deferred: the clouds reduce each round themselves", self.run["run_id"])
+        self._defer(since=time.time())
+
+    def resume(self, context, event: dict) -> list[dict]:
+        """What the trigger found: act on it; the run's history once every round is recorded, else defer again."""
+        import time
+
+        from crosscloud.pipeline.stages import run_tracker, track_round
+        from crosscloud.pipeline.subtasks import watcher
+        from crosscloud.store.base import StoreError
+
+        ref, since, w = run_ref(self.run), event.get("since"), None
+        self.log.info("watch woke: %s", event.get("reason"))
+        try:
+            w = watcher(ref, all_handles([self.handles]), log=self.log.info, since=since)
+            records = w.act(track_round(w.plan, run_tracker(w.plan), self.log.info))
+        except StoreError as exc:  # an outage is waited out, for as long as a round may take
+            timeout = self._round_timeout_s(ref, w)
+            if since is not None and timeout is not None and time.time() - since > timeout:
+                raise
+            self.log.warning("the run's stores cannot be read now (%s); watching on", exc)
+            self._defer(since=since, delay=self._next_delay(event, records=False))
+        if w.done:
+            w.relay_logs()
+            return [{k: v for k, v in r.items() if k not in ("clouds", "shares", "next_shares")} for r in w.history]
+        self._defer(since=w.since, delay=self._next_delay(event, records=bool(records)))
+
+    def _next_delay(self, event: dict, records: bool) -> float:
+        """No pause after a visit that recorded a round; after one that did not, twice the last (to max_delay_s)."""
+        if records:
+            return 0.0
+        return min(self.max_delay_s, max(2 * float(event.get("delay") or 0.0), self.poll_interval))
+
+    @staticmethod
+    def _round_timeout_s(ref, w) -> float | None:
+        from crosscloud.store.base import StoreError
+
+        if w is not None:
+            return w.plan.spec.round_timeout_s
+        try:
+            return ref.load()[1].spec.round_timeout_s
+        except StoreError:
+            return None  # the plan is out of reach as well: wait on
 
     def on_kill(self) -> None:
-        from crosscloud.pipeline.stages import release_stage, stop_run
-
-        self.log.info("coordinator killed: stopping every sub-task of the run and releasing its devices")
-        ref = run_ref(self.run)
-        try:
-            stop_run(ref, all_handles([self.handles]))
-        finally:
-            release_stage(ref)
+        # the sub-tasks train on: a killed watch is picked up by its retry, and the cleanup teardown stops a
+        # failed or killed run
+        self.log.info("watch stopped; the run's sub-tasks go on training (the cleanup task stops a failed run)")

@@ -12,12 +12,11 @@ import dataclasses
 import json
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 
 
 from crosscloud.artifacts.preheat import TransferReport, fetch_all
 from crosscloud.pipeline.inputs import RunInputs, load_job_program, materialize_inputs
-from crosscloud.backends import Handle, SubTaskError, SubTaskSpec, get_backend
+from crosscloud.backends import Handle, get_backend
 from crosscloud.core.federation import Federation, load_federation
 from crosscloud.core.federation import federation_path as resolve_federation_path
 from crosscloud.core.job import JobSpec
@@ -33,32 +32,17 @@ from crosscloud.run.plan import Candidate, Plan
 from crosscloud.store.base import StoreError
 from crosscloud.store.chunks import BlobRef, ChunkIndex, warmth
 from crosscloud.store.commit import read_commit, read_object, write_step
-from crosscloud.store.credentials import credentials_env, require_credentials
-from crosscloud.store.network import nearest_first, network, store_seen_from
+from crosscloud.store.credentials import require_credentials
+from crosscloud.store.network import nearest_first, store_seen_from
 from crosscloud.store.open_store import open_store
 from crosscloud.tracking import plots, registry
 from crosscloud.tracking.mlflow_runs import Tracker
 from crosscloud.tracking.run_report import load_run
 from crosscloud.training.exchange.cloud import PARAMS
-from crosscloud.training.watcher import Watcher
+from crosscloud.pipeline.subtasks import dispatch_stage, run_handles, stop_run, watcher  # noqa: F401 (the stages' API)
+from crosscloud.run.ref import RunRef
 
 Log = Callable[[str], None]
-
-
-@dataclass(frozen=True)
-class RunRef:
-    """How every stage finds a run: small enough to pass through XCom."""
-
-    federation_path: str
-    tenant: str
-    run_id: str
-
-    def to_dict(self) -> dict:
-        return {"federation_path": self.federation_path, "tenant": self.tenant, "run_id": self.run_id}
-
-    def load(self) -> tuple[Federation, Plan]:
-        fed = load_federation(self.federation_path)
-        return fed, Plan.load(open_store(fed.local_cloud, self.tenant), self.tenant, self.run_id)
 
 
 def _holders(fed: Federation, tenant: str, refs: list[BlobRef]) -> set[str]:
@@ -183,70 +167,11 @@ def preheat_stage(ref: RunRef) -> dict:
     return result
 
 
-def subtask_spec(plan: Plan, cloud: str, env: dict[str, str] | None = None, access: dict | None = None) -> SubTaskSpec:
-    """What the sub-task of ``cloud`` runs, whatever backend starts it; ``env`` carries its credentials."""
-    me = plan.cloud(cloud)
-    args = ["--tenant", plan.tenant, "--run-id", plan.run_id, "--cloud", cloud, "--federation", plan.federation_path]
-    return SubTaskSpec(
-        tenant=plan.tenant, run_id=plan.run_id, cloud=cloud, image=me.image, accelerator=me.accelerator,
-        devices=me.devices, args=args, env=env or {}, access=access or {}, retries=plan.spec.subtask_retries,
-        peers=[c.name for c in plan.clouds if c.name != cloud],
-    )
-
-
-def check_warm(fed: Federation, plan: Plan, cloud: str) -> None:
-    """Refuse to start a sub-task whose inputs are not all on its cloud, saying what is missing and for how long."""
-    store = open_store(fed.cloud(cloud), plan.tenant)
-    index = ChunkIndex(store, plan.tenant)
-    missing = sum(warmth(store, plan.tenant, r, index=index).missing_bytes for r in plan.needs(cloud))
-    if missing:
-        src = nearest_first(fed, cloud, [fed.dataset(plan.dataset).home, fed.local_cloud.name])[0]
-        eta = network(fed)(src, cloud, missing)
-        raise SubTaskError(
-            f"cloud {cloud} is not warm for run {plan.run_id}: {missing / 2**20:.1f} MiB of its shards and model are "
-            f"missing, about {eta:.0f} s from {src}; run the preheat task again"
-        )
-
-
-def dispatch_stage(ref: RunRef, cloud: str) -> Handle:
-    """Start one cloud's sub-task, once its inputs are there, and return at once with its handle."""
-    fed, plan = ref.load()
-    check_warm(fed, plan, cloud)
-    access = fed.cloud(cloud).access
-    env = {k: v for c in plan.clouds for k, v in credentials_env(fed.cloud(c.name), plan.tenant).items()}  # it reads its peers' deltas
-    spec = subtask_spec(plan, cloud, env=env, access=access.model_dump())
-    return get_backend(access.method).start(spec)
-
-
-def run_handles(ref: RunRef) -> list[Handle]:
-    """Handles of every sub-task the run started, found through each cloud's backend."""
-    fed, plan = ref.load()
-    found = (get_backend(c.method).find(plan.tenant, plan.run_id, c.name, fed.cloud(c.name).access.model_dump())
-             for c in plan.clouds)
-    return [h for h in found if h is not None]
-
-
-def stop_run(ref: RunRef, handles: list[Handle]) -> None:
-    """Tell every sub-task to stop (a STOP marker in each store) and stop the ones still running."""
-    fed, plan = ref.load()
-    for cloud in plan.clouds:
-        open_store(fed.cloud(cloud.name), plan.tenant).put(plan.keys.stop, b"stopped by crosscloud\n")
-    for handle in handles:
-        get_backend(handle["backend"]).stop(handle)
-
-
-def _tracker(plan: Plan):
+def run_tracker(plan: Plan):
     """MLflow's tracker of a tracked run; None when the run is not tracked."""
     if not plan.tracking:
         return None
     return Tracker()
-
-
-def watcher(ref: RunRef, handles: list[Handle], log: Log = print) -> Watcher:
-    """The run's watcher, as the home cloud's host reaches the clouds' stores; a dead sub-task is dispatched again."""
-    fed, plan = ref.load()
-    stores = {c.name: store_seen_from(fed, c.name, plan.coordinator_cloud, plan.tenant) for c in plan.clouds}
-    return Watcher(plan, stores, handles, log=log, restart=lambda cloud: dispatch_stage(ref, cloud), ledger=Ledger())
 
 
 def track_round(plan: Plan, tracker, log: Log) -> Callable[[dict], None]:
@@ -259,7 +184,7 @@ def track_round(plan: Plan, tracker, log: Log) -> Callable[[dict], None]:
             try:
                 tracker.log_round(plan, record)
                 return
-            except Exception as exc:  # MLflow down: training goes on, the round stays in history.json
+            except Exception as exc:  # noqa: BLE001 - MLflow down, whatever it raises: the round stays in history.json
                 log(f"round {record['round']}: MLflow did not take the round ({exc}); attempt {attempt + 1} of 3")
                 time.sleep(1.0 + attempt)
 
@@ -269,7 +194,7 @@ def track_round(plan: Plan, tracker, log: Log) -> Callable[[dict], None]:
 def sync_stage(ref: RunRef, handles: list[Handle], log: Log = print) -> list[dict]:
     """Watch the run in this process until every round is recorded (the clouds do the exchange)."""
     _, plan = ref.load()
-    return watcher(ref, handles, log).run(track_round(plan, _tracker(plan), log))
+    return watcher(ref, handles, log).run(track_round(plan, run_tracker(plan), log))
 
 
 def _wait_for_exit(handles: list[Handle], timeout_s: float = 60.0) -> None:
@@ -447,7 +372,7 @@ def aggregate_stage(ref: RunRef, handles: list[Handle], experiment: str | None =
     clouds = _cloud_summary(fed, plan, history, train_s)
     base = _baseline(plan, experiment, log) if plan.spec.mode == "cross_cloud" and compare_baseline else None
     summary = _run_summary(plan, history, clouds, train_s, evals, base)
-    tracker = _tracker(plan)
+    tracker = run_tracker(plan)
     if tracker and plan.spec.mode == "cross_cloud":  # a single-cluster baseline is a measurement, not a model to serve
         summary["model"] = _register_model(tracker, plan, summary, home, final)
     home.put(plan.keys.summary, json.dumps(summary, indent=2).encode())

@@ -39,7 +39,7 @@ class Watcher:
     """The watch over one run; ``stores`` are the run clouds' stores as the watcher's host reaches them."""
 
     def __init__(self, plan: Plan, stores: dict[str, ObjectStore], handles: list[Handle], log: Callable[[str], None] = print,
-                 restart: Restart | None = None, ledger: Ledger | None = None):
+                 restart: Restart | None = None, ledger: Ledger | None = None, since: float | None = None):
         self.plan, self.stores, self.log, self.restart = plan, stores, log, restart
         self.home = stores[plan.coordinator_cloud]
         self.ledger = ledger
@@ -49,7 +49,7 @@ class Watcher:
             self.notes.setdefault(key, {})
         self.notes.setdefault("draining", [])
         self.history = load_history(self.home, plan)
-        self.since = time.time()  # the last progress this watcher saw: its start, then each round recorded
+        self.since = since or time.time()  # the last progress seen: this watch's start (or an earlier one's), each round
 
     @property
     def done(self) -> bool:
@@ -73,8 +73,8 @@ class Watcher:
         """Why ``act`` should run now (a round decided, a sub-task ended, a cloud draining), or None: reads only."""
         if self.done:
             return "done"
-        if read_members(self.home, self.plan, len(self.history)) is not None:
-            return f"round {len(self.history)} decided"
+        if self._record(len(self.history)) is not None:  # decided, its global made, evaluated where due
+            return f"round {len(self.history)} to record"
         if ended := self._ended():
             return f"sub-task ended: {ended}"
         if self.ledger is not None and sorted(self._draining()) != sorted(self.notes["draining"]):
