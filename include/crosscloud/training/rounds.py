@@ -28,7 +28,7 @@ def wait_for_commit(store: ObjectStore, step: str, stop_key: str, timeout_s: flo
             print(f"polling {step} again: {exc}", file=sys.stderr, flush=True)
         if time.monotonic() > deadline:
             raise Stopped(f"no commit of {step} within {timeout_s:.0f} s")
-        poll.sleep()
+        poll.sleep(requests=2)  # the commit and the stop marker, both in this store
 
 
 class DelayedGlobal:

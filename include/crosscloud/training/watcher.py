@@ -27,7 +27,7 @@ from crosscloud.store.commit import read_commit
 from crosscloud.training.exchange.members import Members, read_members, read_watch
 from crosscloud.training.program import ProgramError
 
-POLL_S = 1.0
+POLL_S = 2.0  # a look reads a few objects of the home store: at most about 2 requests a second
 Restart = Callable[[str], Handle]
 
 

@@ -150,7 +150,7 @@ class RoundDecider:
                 return self._propose(round_, commits, away, gone, walls, watch)
             if time.time() - started > timeout:
                 raise Stopped(f"round {round_}: no pseudo-gradient from {sorted(pending)} within {timeout:.0f} s")
-            poll.sleep()
+            poll.sleep(requests=1 + (self.plan.coordinator_cloud in pending))  # the record and a commit in the home store
 
     def _commit(self, cloud: str, round_: int) -> dict | None:
         try:

@@ -14,8 +14,8 @@ from crosscloud.store.digest import IntegrityError
 PART = 8 * 1024 * 1024
 WORKERS = 4  # ranged reads in flight per download: WORKERS x PART bytes in memory at most
 READS = 3  # a mismatching download is read again (bits flipped in transit), then refused
-# polling a store while waiting: never more than 2 requests a second to one store, slower the longer it waits
-POLL_MIN_S, POLL_MAX_S, POLL_GROWTH = 0.5, 2.0, 1.25
+# polling a store while waiting: never more than MAX_RPS requests a second to one store, slower the longer it waits
+POLL_MIN_S, POLL_MAX_S, POLL_GROWTH, MAX_RPS = 0.5, 2.0, 1.25, 2.0
 
 
 def file_sha256(path: Path) -> str:
@@ -71,6 +71,7 @@ class Poll:
     def progress(self) -> None:
         self.wait_s = self.min_s
 
-    def sleep(self) -> None:
-        time.sleep(self.wait_s)
+    def sleep(self, requests: int = 1) -> None:
+        """Wait before the next poll, which makes at most ``requests`` requests to any one store."""
+        time.sleep(max(self.wait_s, requests / MAX_RPS))
         self.wait_s = min(self.max_s, self.wait_s * POLL_GROWTH)
