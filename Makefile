@@ -5,7 +5,7 @@ STAMP := $(VENV)/.installed-stamp
 ENV := source scripts/env.sh &&
 SHELL := /bin/bash
 
-.PHONY: install demo test bench-gap bench-scheduling bench-preheat bench-electricity bench-demand-response bench-faults bench-sdk airflow-ui mlflow-ui clean
+.PHONY: install demo test bench-gap bench-scheduling bench-preheat bench-electricity bench-demand-response bench-faults bench-sdk bench-exchange airflow-ui mlflow-ui clean
 
 $(STAMP): requirements.txt requirements-dev.txt constraints.txt pyproject.toml
 	python3 -m venv $(VENV)
@@ -42,6 +42,9 @@ bench-faults: install
 
 bench-sdk: install
 	$(ENV) $(PY) bench/sdk.py $(ARGS)
+
+bench-exchange: install
+	$(ENV) $(PY) bench/exchange.py $(ARGS)
 
 airflow-ui: install
 	$(ENV) mkdir -p $$AIRFLOW_HOME && $(VENV)/bin/airflow standalone

@@ -60,6 +60,13 @@ def _deltas(r: int) -> dict[str, dict[str, torch.Tensor]]:
     return {c: {n: 0.01 * t for n, t in _model(100 * r + i + 1).items()} for i, c in enumerate(CLOUDS)}
 
 
+def _round(exchange: CloudExchange, r: int, known: dict[str, torch.Tensor]):
+    """One cloud's whole exchange of round ``r``: its global made, then committed in its store."""
+    result = exchange.round(r, known)
+    exchange.publish(result)
+    return result
+
+
 def _exchanges(plan, stores, tmp_path) -> dict[str, CloudExchange]:
     return {c: CloudExchange(plan, c, stores, tmp_path / "spool" / c, log=lambda m: None) for c in CLOUDS}
 
@@ -111,7 +118,7 @@ def test_every_cloud_makes_the_same_global_and_drops_the_same_poisoned_and_damag
         _commit_delta(plan, stores[c], c, 0, d)
     exchanges, known = _exchanges(plan, stores, tmp_path), _model()
     results = {}
-    threads = [threading.Thread(target=lambda c=c: results.__setitem__(c, exchanges[c].round(0, dict(known))))
+    threads = [threading.Thread(target=lambda c=c: results.__setitem__(c, _round(exchanges[c], 0, dict(known))))
                for c in CLOUDS]
     for t in threads:
         t.start()
@@ -131,7 +138,7 @@ def test_every_cloud_makes_the_same_global_and_drops_the_same_poisoned_and_damag
     raw[-5] ^= 0x10
     path.write_bytes(bytes(raw))
     new = {n: t.clone() for n, t in load_file(results["beijing"].params).items()}
-    again = {c: exchanges[c].round(1, new) for c in CLOUDS}
+    again = {c: _round(exchanges[c], 1, new) for c in CLOUDS}
     assert len({r.digest for r in again.values()}) == 1
     assert all(set(r.refused) == {"shanghai"} and "sha256" in r.refused["shanghai"] for r in again.values())
 
@@ -142,13 +149,13 @@ def test_a_cloud_past_its_patience_is_left_out_once_and_for_all_and_a_lost_cloud
         if c != "singapore":  # singapore never commits round 0
             _commit_delta(plan, stores[c], c, 0, d)
     exchanges = _exchanges(plan, stores, tmp_path)
-    result = exchanges["beijing"].round(0, _model())
+    result = _round(exchanges["beijing"], 0, _model())
     assert sorted(result.members.contributions) == ["beijing", "shanghai"]
     assert set(result.members.lost) == {"singapore"} and result.members.next_shares["singapore"] == 0
     assert sum(result.members.next_shares.values()) == plan.spec.global_batch  # its share went to the others
     _commit_delta(plan, stores["singapore"], "singapore", 0, _deltas(0)["singapore"])  # too late
     with pytest.raises(Stopped, match="singapore was lost from the run in round 0"):
-        exchanges["singapore"].round(0, _model())
+        _round(exchanges["singapore"], 0, _model())
 
 
 def test_retention_keeps_the_last_rounds_and_a_restarted_cloud_rebuilds_the_same_global(tmp_path):
@@ -158,7 +165,7 @@ def test_retention_keeps_the_last_rounds_and_a_restarted_cloud_rebuilds_the_same
         for c, d in _deltas(r).items():
             _commit_delta(plan, stores[c], c, r, d)
         for c in CLOUDS:
-            result = exchanges[c].round(r, known[c])
+            result = _round(exchanges[c], r, known[c])
             known[c] = {n: t.clone() for n, t in load_file(result.params).items()}
     own = stores["shanghai"]
     deltas = {int(k.split("/")[-2]) for k in own.list(f"{plan.keys.root}/clouds/shanghai") if k.endswith("COMMIT.json")}
@@ -170,7 +177,7 @@ def test_retention_keeps_the_last_rounds_and_a_restarted_cloud_rebuilds_the_same
     reborn.restore(3)
     global3 = read_commit(own, plan.keys.global_step(3))["objects"]["params.safetensors"]["key"]
     (tmp_path / "g3.st").write_bytes(own.get(global3))
-    redo = reborn.round(3, dict(load_file(tmp_path / "g3.st")))
+    redo = _round(reborn, 3, dict(load_file(tmp_path / "g3.st")))
     assert redo.digest == read_commit(own, plan.keys.global_step(4))["meta"]["digest"]
 
 
@@ -182,7 +189,7 @@ def test_the_watcher_records_decided_rounds_from_the_home_store_alone(tmp_path):
     for c, d in _deltas(0).items():
         _commit_delta(plan, stores[c], c, 0, d)
     for c in CLOUDS:
-        exchanges[c].round(0, _model())
+        _round(exchanges[c], 0, _model())
     assert watcher.peek() is None and watcher.act() == []  # decided, but evaluation is due and not there yet
     stores["beijing"].put(plan.keys.evaluation(1), json.dumps({"eval_loss": 2.5}).encode())
     [record] = Watcher(plan, stores, handles=[], log=lambda m: None).act()  # a new watcher picks up the same round

@@ -85,7 +85,7 @@ class DiLoCo:
         self.ready = {"wait_s": 0.0, "download_s": 0.0}
         self.exchange = exchange_for(run) if run.rank == 0 else None
         self.inflight: Future | None = None
-        self.exchanged: dict = {}  # the last exchange's figures, for the next round's commit
+        self.made: RoundResult | None = None  # the last exchange's result, reported with the next round's commit
         self._evaluate = None
 
     # -- the program's side --------------------------------------------------------
@@ -213,17 +213,30 @@ class DiLoCo:
             write_step(self.run.store, step, {}, refs={name: entry}, meta={
                 "round": r, "cloud": self.run.cloud, "samples": self.share * self.spec.inner_steps,
                 "losses": losses, "step_s": work.step_s, "compute_s": work.compute_s, "folded_at_step": work.folded_at,
-                "cap": self.cap["cap"], "started_at": work.started_at, "exchange": self.exchanged, **self.ready,
+                "cap": self.cap["cap"], "started_at": work.started_at, "exchange": self._made(), **self.ready,
                 "upload_s": time.perf_counter() - t + work.state_s})  # the round's writes: its state and its delta
-        self.inflight = _beside(self.exchange.round, r, self.known.params)
+        self.inflight = _beside(self._exchange, r, self.known.params)
         line = (f"round {r}: trained before the restart, committed" if restored and self.share > 0 else
                 round_line(r, losses, work, self.cap, self.ready, self.spec.inner_steps))
         print(line, flush=True)
+
+    def _exchange(self, r: int, known: dict[str, torch.Tensor]) -> RoundResult:
+        """Round ``r``'s exchange (in its thread): the global made, then committed beside training."""
+        result = self.exchange.round(r, known)
+        self.exchange.publish(result, wait=False)
+        return result
+
+    def _made(self) -> dict:
+        """The figures of the last exchange, its digest and refusals: the watcher records them with its round."""
+        made = self.made
+        return {} if made is None else {**made.stats, "digest": made.digest, "refused": made.refused}
 
     def _after_round(self, r: int) -> None:
         if r >= self.spec.rounds - 1:  # the last global is folded in: the model the program ends with is the run's
             while self.known.round < r + 1:
                 self._fold_in()
+            if self.exchange:
+                self.exchange.close()  # committed in the cloud's store before the sub-task may end
             self.done = True
             return
         self._next_round(r)
@@ -280,11 +293,9 @@ class DiLoCo:
         finally:
             if file:
                 file.close()
-                result.params.unlink(missing_ok=True)
         self.known.end(meta)
         if result:
-            self.inflight = None  # reported with the next round's commit, where the watcher reads it
-            self.exchanged = {**result.stats, "digest": result.digest, "refused": result.refused}
+            self.inflight, self.made = None, result  # reported with the next round's commit, where the watcher reads it
             if result.members.evaluator == self.run.cloud and self.spec.evaluates_after(result.members.round):
                 self._evaluate_global(self.known.round)
 

@@ -192,6 +192,8 @@ class Watcher:
         later = read_members(self.home, self.plan, r + 1)
         made = ({c: v["meta"].get("exchange") or {} for c, v in later.contributions.items()} if later
                 else self._globals(r, members))
+        if later and set(members.contributions) - set(later.contributions):  # members lost in round r + 1
+            made = {**self._globals(r, members), **made}  # their own commits of global r + 1, where they made one
         due = self.plan.spec.evaluates_after(r)
         evaluation = self._evaluation(r + 1) if due else None
         waited = time.time() - members.decided_at > self.plan.spec.round_timeout_s

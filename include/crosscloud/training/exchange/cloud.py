@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -33,6 +34,7 @@ from crosscloud.training.outer import outer_config
 from crosscloud.training.stopped import Stopped
 
 MOMENTUM = "outer_momentum.safetensors"
+INSPECTING = 2  # deltas inspected at the same time: each holds a few fragments
 
 
 @dataclass
@@ -44,6 +46,8 @@ class RoundResult:
     digest: str
     refused: dict[str, str] = field(default_factory=dict)
     stats: dict = field(default_factory=dict)  # seconds and bytes of each part of the exchange
+    momentum: Path | None = None
+    momentum_digest: str | None = None
 
 
 class CloudExchange:
@@ -55,6 +59,9 @@ class CloudExchange:
         self.spool, self.device, self.log = Path(spool), device or torch.device("cpu"), log
         self.decider = RoundDecider(plan, cloud, stores, log)
         self.momentum: Path | None = None  # the outer momentum of the newest global, when the outer step has any
+        self.last: RoundResult | None = None  # the round made last: its file stays until the next round
+        self._publishing: threading.Thread | None = None
+        self._publish_error: BaseException | None = None
 
     def restore(self, global_: int) -> None:
         """After a restart: the outer momentum of global ``global_`` from this cloud's own commit of it."""
@@ -64,7 +71,13 @@ class CloudExchange:
             download(self.own, commit["objects"][MOMENTUM], self.momentum)
 
     def round(self, r: int, known: dict[str, torch.Tensor]) -> RoundResult:
-        """Global ``r + 1`` from global ``r`` (``known``) and round ``r``'s members' deltas; committed in the own store."""
+        """Global ``r + 1`` from global ``r`` (``known``) and round ``r``'s members' deltas, as a local file.
+
+        Training can fold it in at once; ``publish`` then commits the cloud's copy.
+        """
+        self.published()  # the round before is committed (and its file no longer read) before this one starts
+        if self.last is not None:
+            self.last.params.unlink(missing_ok=True)
         t0 = time.perf_counter()
         members = self.decider.decide(r)
         if self.cloud in members.gone:
@@ -85,13 +98,47 @@ class CloudExchange:
             for d in deltas.values():
                 d.close()
             shutil.rmtree(folder, ignore_errors=True)
-        t3 = time.perf_counter()
-        digest = file_sha256(params)
-        stats = {"decide_s": t1 - t0, "fetch_s": t2 - t1, "reduce_s": t3 - t2, "read_bytes": read}
-        stats["written_bytes"] = self._publish(r, params, momentum, members, digest, refused, dict(stats))
-        stats["publish_s"] = time.perf_counter() - t3
-        self._retain(r)
-        return RoundResult(members=members, params=params, digest=digest, refused=refused, stats=stats)
+        stats = {"decide_s": t1 - t0, "fetch_s": t2 - t1, "reduce_s": time.perf_counter() - t2, "read_bytes": read}
+        self.last = RoundResult(members=members, params=params.close(), digest=params.digest or file_sha256(params.path),
+                                refused=refused, stats=stats, momentum=momentum and momentum.close(),
+                                momentum_digest=momentum.digest if momentum else None)
+        return self.last
+
+    def publish(self, result: RoundResult, wait: bool = True) -> None:
+        """Commit this cloud's copy of the global ``result`` made, then delete what no reader needs any more.
+
+        ``wait=False`` does it in a thread beside training; the next ``round`` (or ``published``) waits for it.
+        """
+        def work() -> None:
+            t = time.perf_counter()
+            try:
+                result.stats["written_bytes"] = self._publish(result)
+                result.stats["publish_s"] = time.perf_counter() - t
+                self._retain(result.members.round)
+            except BaseException as exc:  # raised where the next round waits for it
+                self._publish_error = exc
+
+        if wait:
+            work()
+            self.published()
+            return
+        self._publishing = threading.Thread(target=work, name="publish", daemon=True)
+        self._publishing.start()
+
+    def published(self) -> None:
+        """Wait for the publishing in flight, if any; raise what it failed with."""
+        if self._publishing is not None:
+            self._publishing.join()
+            self._publishing = None
+        if self._publish_error is not None:
+            error, self._publish_error = self._publish_error, None
+            raise error
+
+    def close(self) -> None:
+        """After the run's last round: its publishing done, the last file removed."""
+        self.published()
+        if self.last is not None:
+            self.last.params.unlink(missing_ok=True)
 
     def _fetch(self, members: Members, folder: Path,
                layout: dict) -> tuple[dict[str, Delta], dict[str, float], dict[str, str], int]:
@@ -100,6 +147,8 @@ class CloudExchange:
         Returns the deltas, their norms, the refused ones (not as committed, malformed, not finite) and the bytes read
         from other clouds' stores.
         """
+        inspecting = threading.Semaphore(INSPECTING)  # every download at once, a bounded few inspections
+
         def one(cloud: str, c: dict) -> tuple[Delta, float]:
             if c["entry"] is None:
                 raise IntegrityError(f"cloud {cloud}: its commit lists no pseudo-gradient")
@@ -107,7 +156,8 @@ class CloudExchange:
             download(self.stores[cloud], c["entry"], path)
             delta = Delta(cloud, path)
             try:
-                return delta, inspect(delta, layout)
+                with inspecting:
+                    return delta, inspect(delta, layout)
             except BaseException:
                 delta.close()
                 raise
@@ -125,7 +175,8 @@ class CloudExchange:
         return deltas, norms, refused, read
 
     def _reduce(self, r: int, accepted: dict[str, Delta], members: Members,
-                known: dict[str, torch.Tensor]) -> tuple[Path, Path | None]:
+                known: dict[str, torch.Tensor]) -> tuple[TensorFileWriter, TensorFileWriter | None]:
+        """The new global (and momentum) written by the reduce, each writer still open for its ``close``."""
         cfg = outer_config(self.plan, r)
         layout = {n: (torch.float32, tuple(t.shape)) for n, t in known.items()}
         params = TensorFileWriter(self.spool / f"global-{r + 1}.safetensors", layout)
@@ -141,31 +192,28 @@ class CloudExchange:
         finally:
             if momentum_in:
                 momentum_in.close()
-        old, self.momentum = self.momentum, momentum_out.close() if momentum_out else None
-        if old and old != self.momentum:
-            old.unlink(missing_ok=True)
-        return params.close(), self.momentum
+        if self.momentum and momentum_out and self.momentum != momentum_out.path:
+            self.momentum.unlink(missing_ok=True)  # read: the new one replaces it
+        self.momentum = momentum_out.path if momentum_out else None
+        return params, momentum_out
 
-    def _publish(self, r: int, params: Path, momentum: Path | None, members: Members, digest: str,
-                 refused: dict[str, str], stats: dict) -> int:
+    def _publish(self, result: RoundResult) -> int:
         """Commit global ``r + 1`` in the own store; a restarted cloud finds it committed and checks the digest."""
+        r, digest, members = result.members.round, result.digest, result.members
         step = self.plan.keys.global_step(r + 1)
         done = read_commit(self.own, step)
         if done is not None:
             if done["meta"].get("digest") != digest:
                 raise IntegrityError(f"cloud {self.cloud}: global {r + 1} was committed with digest "
                                      f"{done['meta'].get('digest', '?')[:12]}, recomputed {digest[:12]}")
-            self.own.put_if_absent(self.plan.keys.outcome(self.cloud, r), json.dumps(done["meta"]).encode())
             return 0
-        refs = {PARAMS: upload(self.own, f"{step}/{PARAMS}", params)}
-        if momentum is not None:
-            refs[MOMENTUM] = upload(self.own, f"{step}/{MOMENTUM}", momentum)
+        refs = {PARAMS: upload(self.own, f"{step}/{PARAMS}", result.params, digest)}
+        if result.momentum is not None:
+            refs[MOMENTUM] = upload(self.own, f"{step}/{MOMENTUM}", result.momentum, result.momentum_digest)
         failpoints.hit("publish", self.cloud, r, self.spool)
         meta = {"round": r, "cloud": self.cloud, "digest": digest, "members": sorted(members.contributions),
-                "refused": refused, "exchange": stats, "published_at": time.time()}
+                "refused": result.refused, "exchange": dict(result.stats), "published_at": time.time()}
         write_step(self.own, step, {}, refs=refs, meta=meta)
-        # the watcher reads the round's outcome from here once retention has deleted the global (it may lag behind)
-        self.own.put_if_absent(self.plan.keys.outcome(self.cloud, r), json.dumps(meta).encode())
         return sum(e["size"] for e in refs.values())
 
     def _retain(self, r: int) -> None:

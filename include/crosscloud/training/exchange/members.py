@@ -147,6 +147,8 @@ class RoundDecider:
                     raise Stopped(f"run stopped while round {round_}'s members were awaited")
             away = self._away(pending, watch, started, patience_s(walls, timeout)) if commits else {}
             if commits and not pending - set(away):
+                if not watched_at:  # every commit was in at the first look: the watcher's notes (draining) not read yet
+                    watch = read_watch(self.home, self.plan)
                 return self._propose(round_, commits, away, gone, walls, watch)
             if time.time() - started > timeout:
                 raise Stopped(f"round {round_}: no pseudo-gradient from {sorted(pending)} within {timeout:.0f} s")

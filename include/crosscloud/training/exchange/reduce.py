@@ -20,7 +20,7 @@ from crosscloud.training.compression import BLOCK
 from crosscloud.training.exchange.tensorfile import TensorFile, TensorFileError, TensorFileWriter, fragments
 from crosscloud.training.screening import outliers
 
-FRAGMENT = 4 * 1024 * 1024  # elements per fragment (16 MiB of float32): what the reduce holds per cloud at once
+FRAGMENT = 1024 * 1024  # elements per fragment (4 MiB of float32): what the reduce holds per cloud at once
 Layout = dict[str, tuple[torch.dtype, tuple[int, ...]]]
 
 
@@ -72,11 +72,13 @@ def inspect(delta: Delta, layout: Layout) -> float:
     delta.check(layout)
     total = 0.0
     for name in sorted(layout):
+        squares = 0.0  # NaN or Inf anywhere in the tensor leaves its sum of squares not finite
         for start, stop in fragments(numel(layout[name][1]), FRAGMENT):
             part = delta.fragment(name, start, stop)
-            if not torch.isfinite(part).all():
-                raise IntegrityError(f"cloud {delta.cloud}: {name} holds NaN or Inf")
-            total += float(part.double().pow(2).sum())
+            squares += float(part.mul_(part).sum(dtype=torch.float64))
+        if not math.isfinite(squares):
+            raise IntegrityError(f"cloud {delta.cloud}: {name} holds NaN or Inf (or values too large to square)")
+        total += squares
     return math.sqrt(total)
 
 

@@ -7,6 +7,7 @@ rather than a memory map: mapped pages would count as the process's memory.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import struct
@@ -77,11 +78,15 @@ class TensorFile:
         for d in shape:
             numel *= d
         stop = numel if stop is None else min(stop, numel)
-        width = dtype.itemsize
-        raw = bytearray(os.pread(self.fd, (stop - start) * width, self.base + offset + start * width))
-        if len(raw) != (stop - start) * width:
-            raise TensorFileError(f"{self.path.name}: {name!r} is truncated")
-        return torch.frombuffer(raw, dtype=dtype) if raw else torch.empty(0, dtype=dtype)
+        nbytes = max(stop - start, 0) * dtype.itemsize
+        raw = torch.empty(nbytes, dtype=torch.uint8)  # read straight into the tensor: no bytes object to copy from
+        view, at, got = memoryview(raw.numpy()), self.base + offset + start * dtype.itemsize, 0
+        while got < nbytes:
+            n = os.preadv(self.fd, [view[got:]], at + got)
+            if n <= 0:
+                raise TensorFileError(f"{self.path.name}: {name!r} is truncated")
+            got += n
+        return raw.view(dtype)
 
 
 class TensorFileWriter:
@@ -89,6 +94,7 @@ class TensorFileWriter:
 
     Tensors are laid out in sorted name order with a deterministic header, so two
     clouds writing the same values write the same bytes: the file's sha256 is the digest.
+    Written in order (as the reduce writes), it is hashed on the way (``digest``).
     """
 
     def __init__(self, path: str | os.PathLike, layout: dict[str, tuple[torch.dtype, tuple[int, ...]]]):
@@ -107,17 +113,30 @@ class TensorFileWriter:
         self.offsets = {n: (e["data_offsets"][0], layout[n][0]) for n, e in header.items()}
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self.fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        os.pwrite(self.fd, struct.pack("<Q", len(raw)) + raw, 0)
+        head = struct.pack("<Q", len(raw)) + raw
+        os.pwrite(self.fd, head, 0)
         os.ftruncate(self.fd, self.base + offset)
+        self._hash, self._hashed = hashlib.sha256(head), self.base  # bytes hashed so far, while writes come in order
+        self.digest: str | None = None
 
     def write(self, name: str, start: int, values: torch.Tensor) -> None:
         """Write ``values`` (flat, the tensor's dtype) as elements ``start:`` of tensor ``name``."""
         offset, dtype = self.offsets[name]
         flat = values.detach().to(device="cpu", dtype=dtype).contiguous().view(torch.uint8)
-        os.pwrite(self.fd, memoryview(flat.numpy()), self.base + offset + start * dtype.itemsize)
+        at, data = self.base + offset + start * dtype.itemsize, memoryview(flat.numpy())
+        os.pwrite(self.fd, data, at)
+        if self._hash is not None and at == self._hashed:
+            self._hash.update(data)
+            self._hashed += len(data)
+        else:  # out of order: the digest is read back from the file by whoever needs it
+            self._hash = None
 
     def close(self) -> Path:
+        """Close the file; ``digest`` is its sha256 if it was written whole and in order."""
+        end = os.fstat(self.fd).st_size
         os.close(self.fd)
+        if self._hash is not None and self._hashed == end:
+            self.digest = self._hash.hexdigest()
         return self.path
 
 

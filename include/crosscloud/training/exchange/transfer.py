@@ -54,9 +54,9 @@ def download(store: ObjectStore, entry: dict, path: Path) -> None:
                                  f"(sha256 {got[:12]} vs {entry['sha256'][:12]}, read {READS} times)")
 
 
-def upload(store: ObjectStore, key: str, path: Path) -> dict:
-    """Write a local file as object ``key`` (multipart, streamed); returns its commit entry."""
-    digest = file_sha256(path)
+def upload(store: ObjectStore, key: str, path: Path, digest: str | None = None) -> dict:
+    """Write a local file as object ``key`` (multipart, streamed); returns its commit entry (``digest``: known already)."""
+    digest = digest or file_sha256(path)
     with open(path, "rb") as fh:
         store.put_stream(key, fh)
     return {"key": key, "size": path.stat().st_size, "sha256": digest}
