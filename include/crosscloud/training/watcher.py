@@ -179,11 +179,12 @@ class Watcher:
                 self.log(f"[{cloud}] {line}")
 
     def _record(self, r: int) -> dict | None:
-        """Round ``r``'s record once it is decided and its global made (and evaluated where due), else None.
+        """Round ``r``'s record once it is decided, its global made by every member still in the run, and
+        evaluated where due; else None.
 
         A cloud reports the digest of each global it made in its next round's commit, so the
-        next round's record holds them all; only the last round's are read from the clouds'
-        own commits of the last global (which retention never deletes).
+        next round's record holds them all; until it exists (and for the last round) they are
+        read from the clouds' own commits of the global.
         """
         members = read_members(self.home, self.plan, r)
         if members is None:
@@ -194,10 +195,12 @@ class Watcher:
                 else self._globals(r, members))
         if later and set(members.contributions) - set(later.contributions):  # members lost in round r + 1
             made = {**self._globals(r, members), **made}  # their own commits of global r + 1, where they made one
+        gone = set(self.notes["lost"]) | set(self.notes["ended"]) | set(later.gone if later else ())
         due = self.plan.spec.evaluates_after(r)
         evaluation = self._evaluation(r + 1) if due else None
         waited = time.time() - members.decided_at > self.plan.spec.round_timeout_s
-        if not waited and (members.evaluator not in made or (due and evaluation is None and not self._gone_after(members))):
+        if not waited and (set(members.contributions) - gone - set(made)  # a member still making its global
+                           or (due and evaluation is None and members.evaluator not in gone)):
             return None
         return round_record(members, made, evaluation, self._started(r, members))
 
@@ -220,11 +223,6 @@ class Watcher:
             return json.loads(self.home.get(self.plan.keys.evaluation(global_)))["eval_loss"]
         except ObjectNotFound:
             return None
-
-    def _gone_after(self, members: Members) -> bool:
-        """Whether the round's evaluator was lost since: its evaluation will not come."""
-        later = read_members(self.home, self.plan, members.round + 1)
-        return members.evaluator in self.notes["lost"] or (later is not None and members.evaluator in later.gone)
 
     def _started(self, r: int, members: Members) -> float:
         if r > 0 and self.history:
