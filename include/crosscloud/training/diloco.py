@@ -184,6 +184,7 @@ class DiLoCo:
         self.known.record(r, progress)
         if self.run.rank == 0:
             ts = time.perf_counter()
+            self.exchange.published()  # the state names global r: its copy (and momentum) is committed first
             save_state(self.run.store, self.keys, self.run.cloud, self._state(r, params))
             work.state_s = time.perf_counter() - ts
         self._commit(r, progress, work)

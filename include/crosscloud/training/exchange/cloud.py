@@ -69,6 +69,9 @@ class CloudExchange:
         if commit is not None and MOMENTUM in commit["objects"]:
             self.momentum = self.spool / f"momentum-{global_}.safetensors"
             download(self.own, commit["objects"][MOMENTUM], self.momentum)
+        elif global_ > 0 and outer_config(self.plan, global_ - 1).momentum:
+            raise IntegrityError(f"cloud {self.cloud}: cannot resume after global {global_}: its outer momentum is not "
+                                 "committed in this cloud's store")
 
     def round(self, r: int, known: dict[str, torch.Tensor]) -> RoundResult:
         """Global ``r + 1`` from global ``r`` (``known``) and round ``r``'s members' deltas, as a local file.
