@@ -64,7 +64,7 @@ class Delta:
         b0, b1 = start // BLOCK, -(-stop // BLOCK)
         q = self.file.read(f"{name}.q", b0 * BLOCK, b1 * BLOCK).view(-1, BLOCK)
         scale = self.file.read(f"{name}.scale", b0, b1)
-        return (q.float() * scale[:, None]).reshape(-1)[: stop - start]
+        return q.float().mul_(scale[:, None]).reshape(-1)[: stop - start]
 
 
 def inspect(delta: Delta, layout: Layout) -> float:
