@@ -131,7 +131,7 @@ class RoundDecider:
         expected = [c.name for c in self.plan.clouds if c.name not in gone]
         started = before.decided_at if before else time.time()
         walls = before.walls if before else []
-        pending, commits, watch, watched_at = set(expected), {}, {}, 0.0
+        pending, commits, watch, watched_at = set(expected), {}, None, time.monotonic()
         poll, timeout = Poll(), self.plan.spec.round_timeout_s
         while True:
             if (found := self.record(round_)) is not None:
@@ -141,18 +141,20 @@ class RoundDecider:
                     commits[c] = commit
                     pending.discard(c)
                     poll.progress()
-            if pending and time.monotonic() - watched_at > WATCH_EVERY_S:
+            read_now = bool(pending) and time.monotonic() - watched_at > WATCH_EVERY_S
+            if read_now:
                 watch, watched_at = read_watch(self.home, self.plan), time.monotonic()
                 if self.stores[self.cloud].exists(self.plan.keys.stop):
                     raise Stopped(f"run stopped while round {round_}'s members were awaited")
-            away = self._away(pending, watch, started, patience_s(walls, timeout)) if commits else {}
+            away = self._away(pending, watch or {}, started, patience_s(walls, timeout)) if commits else {}
             if commits and not pending - set(away):
-                if not watched_at:  # every commit was in at the first look: the watcher's notes (draining) not read yet
+                if watch is None:  # every commit came before the watcher's notes (draining) were read
                     watch = read_watch(self.home, self.plan)
                 return self._propose(round_, commits, away, gone, walls, watch)
             if time.time() - started > timeout:
                 raise Stopped(f"round {round_}: no pseudo-gradient from {sorted(pending)} within {timeout:.0f} s")
-            poll.sleep(requests=1 + (self.plan.coordinator_cloud in pending))  # the record and a commit in the home store
+            # the home store's requests of this look: the record, a pending commit there, the watcher's notes
+            poll.sleep(requests=1 + (self.plan.coordinator_cloud in pending) + read_now)
 
     def _commit(self, cloud: str, round_: int) -> dict | None:
         try:

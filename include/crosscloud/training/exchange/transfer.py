@@ -14,8 +14,9 @@ from crosscloud.store.digest import IntegrityError
 PART = 8 * 1024 * 1024
 WORKERS = 4  # ranged reads in flight per download: WORKERS x PART bytes in memory at most
 READS = 3  # a mismatching download is read again (bits flipped in transit), then refused
-# polling a store while waiting: never more than MAX_RPS requests a second to one store, slower the longer it waits
-POLL_MIN_S, POLL_MAX_S, POLL_GROWTH, MAX_RPS = 0.5, 2.0, 1.25, 2.0
+# polling a store while waiting: never more than MAX_RPS requests a second to one store; after PATIENT_S of
+# waiting (longer than a round usually waits for the others) slower and slower, up to POLL_MAX_S
+POLL_MIN_S, POLL_MAX_S, POLL_GROWTH, MAX_RPS, PATIENT_S = 0.5, 2.0, 1.25, 2.0, 10.0
 
 
 def file_sha256(path: Path) -> str:
@@ -63,15 +64,17 @@ def upload(store: ObjectStore, key: str, path: Path, digest: str | None = None) 
 
 
 class Poll:
-    """Waits between polls of a store: from ``POLL_MIN_S`` growing to ``POLL_MAX_S``, reset by ``progress``."""
+    """Waits between polls of a store: ``POLL_MIN_S`` for ``PATIENT_S``, then growing to ``POLL_MAX_S``."""
 
     def __init__(self, min_s: float = POLL_MIN_S, max_s: float = POLL_MAX_S):
         self.min_s, self.max_s, self.wait_s = min_s, max_s, min_s
+        self.since = time.monotonic()
 
     def progress(self) -> None:
-        self.wait_s = self.min_s
+        self.wait_s, self.since = self.min_s, time.monotonic()
 
     def sleep(self, requests: int = 1) -> None:
         """Wait before the next poll, which makes at most ``requests`` requests to any one store."""
         time.sleep(max(self.wait_s, requests / MAX_RPS))
-        self.wait_s = min(self.max_s, self.wait_s * POLL_GROWTH)
+        if time.monotonic() - self.since > PATIENT_S:
+            self.wait_s = min(self.max_s, self.wait_s * POLL_GROWTH)
