@@ -63,10 +63,6 @@ class RunKeys:
         """Who is in round ``round_`` and what it decided, written once in the home store by the first cloud to know."""
         return f"{self.root}/rounds/{int(round_)}/MEMBERS.json"
 
-    def outcome(self, cloud: str, round_: int) -> str:
-        """What a cloud's exchange of round ``round_`` made (its global's commit meta: digest, refused, timings), in its
-        own store: kept after retention deletes the global, for a watcher that records the round late."""
-        return f"{self.root}/rounds/{int(round_)}/global-{validate_name(cloud, 'cloud')}.json"
 
     def evaluation(self, global_: int) -> str:
         """The held-out loss of global ``global_``, written by the cloud that evaluated it."""

@@ -86,6 +86,7 @@ class DiLoCo:
         self.exchange = exchange_for(run) if run.rank == 0 else None
         self.inflight: Future | None = None
         self.made: RoundResult | None = None  # the last exchange's result, reported with the next round's commit
+        self.restored: dict = {}  # after a restart: what the cloud's commit of its last global says of it
         self._evaluate = None
 
     # -- the program's side --------------------------------------------------------
@@ -144,7 +145,7 @@ class DiLoCo:
             self.feedback.residual = state.residual
         self.base = _fp32(self.model)
         if self.exchange:
-            self.exchange.restore(state.known_round)
+            self.restored = self.exchange.restore(state.known_round)  # reported with the next commit, as if just made
         self._commit(state.round, state.own[state.round], RoundWork(started_at=time.time()), restored=True)
         self._after_round(state.round)
         self._skip_idle()
@@ -230,7 +231,7 @@ class DiLoCo:
     def _made(self) -> dict:
         """The figures of the last exchange, its digest and refusals: the watcher records them with its round."""
         made = self.made
-        return {} if made is None else {**made.stats, "digest": made.digest, "refused": made.refused}
+        return self.restored if made is None else {**made.stats, "digest": made.digest, "refused": made.refused}
 
     def _after_round(self, r: int) -> None:
         if r >= self.spec.rounds - 1:  # the last global is folded in: the model the program ends with is the run's

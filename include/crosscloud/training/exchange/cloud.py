@@ -63,8 +63,11 @@ class CloudExchange:
         self._publishing: threading.Thread | None = None
         self._publish_error: BaseException | None = None
 
-    def restore(self, global_: int) -> None:
-        """After a restart: the outer momentum of global ``global_`` from this cloud's own commit of it."""
+    def restore(self, global_: int) -> dict:
+        """After a restart: the outer momentum of global ``global_`` from this cloud's own commit of it.
+
+        Returns what that commit says of the exchange that made it (digest, refusals, figures), for the next report.
+        """
         commit = read_commit(self.own, self.plan.keys.global_step(global_)) if global_ > 0 else None
         if commit is not None and MOMENTUM in commit["objects"]:
             self.momentum = self.spool / f"momentum-{global_}.safetensors"
@@ -72,6 +75,8 @@ class CloudExchange:
         elif global_ > 0 and outer_config(self.plan, global_ - 1).momentum:
             raise IntegrityError(f"cloud {self.cloud}: cannot resume after global {global_}: its outer momentum is not "
                                  "committed in this cloud's store")
+        meta = commit["meta"] if commit else {}
+        return {**meta.get("exchange", {}), "digest": meta["digest"], "refused": meta.get("refused", {})} if meta else {}
 
     def round(self, r: int, known: dict[str, torch.Tensor]) -> RoundResult:
         """Global ``r + 1`` from global ``r`` (``known``) and round ``r``'s members' deltas, as a local file.

@@ -26,8 +26,10 @@ from crosscloud.training.stopped import Stopped
 
 DELTAS = ("delta.int8.safetensors", "delta.safetensors")
 # a cloud is lost when it has not committed a round PATIENCE x the slowest of the last rounds after the
-# round began while others have (never sooner than PATIENCE_FLOOR_S: a loaded machine's noise is not a loss)
-PATIENCE, PATIENCE_FLOOR_S = 4.0, 5.0
+# round began while others have; never sooner than PATIENCE_FLOOR_S: a loaded machine's noise, or a store
+# outage that every cloud's exchange waits out with retries, is not a loss (a dead sub-task is, at once: the
+# watcher says so)
+PATIENCE, PATIENCE_FLOOR_S = 4.0, 30.0
 # a sub-task started again after it died needs its start-up (interpreter, torch, program, resume) on top of that
 RESTART_GRACE_S = 60.0
 WATCH_EVERY_S = 2.0
