@@ -81,8 +81,9 @@ from pathlib import Path
 import yaml
 
 FAULTS = ("kill", "outage", "corrupt", "poison", "drain", "watcher", "reduce", "publish")
-WATCHER = "import sys; from crosscloud.pipeline.stages import RunRef, run_handles, sync_stage; " \
-          "ref = RunRef(*sys.argv[1:4]); sync_stage(ref, run_handles(ref), log=print)"
+WATCHER = ("import sys; from crosscloud.pipeline.stages import RunRef, sync_stage; "
+           "from crosscloud.pipeline.subtasks import run_handles; "
+           "ref = RunRef(*sys.argv[1:4]); sync_stage(ref, run_handles(ref), log=print)")
 HOLD_S = 60.0  # the longest a paused worker waits for what the injection waits for
 HOLD_WATCHER_S = 4.0  # beijing held for the watcher's first record: under the clouds' patience (5 s at least)
 Detect = Callable[[list[dict]], bool]
@@ -406,10 +407,10 @@ def watcher(bench: Bench, run_id: str, args) -> Outcome:
         dispatch_stage,
         preheat_stage,
         release_stage,
-        run_handles,
         stop_run,
         sync_stage,
     )
+    from crosscloud.pipeline.subtasks import run_handles
 
     ref = admit_stage(bench.spec, run_id, bench.fed_path)
     first, killed_at, restarted_at, summary = None, None, None, None

@@ -38,8 +38,9 @@ pytestmark = [pytest.mark.e2e, pytest.mark.faults, pytest.mark.slow]
 SPEC = JobSpec(rounds=6, inner_steps=8, model_size="tiny", global_batch=12, seed=3)
 # blocking rounds train the same way every time: the loss compared is the fault's alone, not when globals landed
 BLOCKING = dataclasses.replace(SPEC, overlap=False)
-WATCHER = "import sys; from crosscloud.pipeline.stages import RunRef, run_handles, sync_stage; " \
-          "ref = RunRef(*sys.argv[1:4]); sync_stage(ref, run_handles(ref), log=lambda m: None)"
+WATCHER = ("import sys; from crosscloud.pipeline.stages import RunRef, sync_stage; "
+           "from crosscloud.pipeline.subtasks import run_handles; "
+           "ref = RunRef(*sys.argv[1:4]); sync_stage(ref, run_handles(ref), log=lambda m: None)")
 
 
 def _home():

@@ -39,7 +39,7 @@ from crosscloud.tracking import plots, registry
 from crosscloud.tracking.mlflow_runs import Tracker
 from crosscloud.tracking.run_report import load_run
 from crosscloud.training.exchange.cloud import PARAMS
-from crosscloud.pipeline.subtasks import dispatch_stage, run_handles, stop_run, watcher  # noqa: F401 (the stages' API)
+from crosscloud.pipeline.subtasks import dispatch_stage, stop_run, watcher
 from crosscloud.run.ref import RunRef
 
 Log = Callable[[str], None]
