@@ -24,7 +24,7 @@ from crosscloud.run.history import load_history, save_history
 from crosscloud.run.plan import Plan
 from crosscloud.store.base import ObjectNotFound, ObjectStore, StoreError
 from crosscloud.store.commit import read_commit
-from crosscloud.training.exchange.members import Members, read_members, read_watch
+from crosscloud.training.exchange.members import Members, global_report, read_members, read_watch
 from crosscloud.training.program import ProgramError
 
 POLL_S = 2.0  # a look reads a few objects of the home store: at most about 2 requests a second
@@ -214,8 +214,7 @@ class Watcher:
                 self.log(f"round {r}: cloud {cloud}'s global unreadable for now: {exc}")
                 continue
             if commit is not None:
-                found[cloud] = {**commit["meta"].get("exchange", {}), "digest": commit["meta"].get("digest"),
-                                "refused": commit["meta"].get("refused", {})}
+                found[cloud] = global_report(commit["meta"])
         return found
 
     def _evaluation(self, global_: int) -> float | None:

@@ -26,7 +26,7 @@ from crosscloud.store.base import ObjectStore, StoreError
 from crosscloud.store.commit import read_commit, write_step
 from crosscloud.store.digest import IntegrityError
 from crosscloud.training.checkpoint import PARAMS
-from crosscloud.training.exchange.members import Members, RoundDecider
+from crosscloud.training.exchange.members import Members, RoundDecider, global_report
 from crosscloud.training.exchange.reduce import Delta, inspect, reduce, screen
 from crosscloud.training.exchange.tensorfile import TensorFile, TensorFileError, TensorFileWriter
 from crosscloud.training.exchange.transfer import download, file_sha256, upload
@@ -75,8 +75,7 @@ class CloudExchange:
         elif global_ > 0 and outer_config(self.plan, global_ - 1).momentum:
             raise IntegrityError(f"cloud {self.cloud}: cannot resume after global {global_}: its outer momentum is not "
                                  "committed in this cloud's store")
-        meta = commit["meta"] if commit else {}
-        return {**meta.get("exchange", {}), "digest": meta["digest"], "refused": meta.get("refused", {})} if meta else {}
+        return global_report(commit["meta"] if commit else {})
 
     def round(self, r: int, known: dict[str, torch.Tensor]) -> RoundResult:
         """Global ``r + 1`` from global ``r`` (``known``) and round ``r``'s members' deltas, as a local file.
@@ -101,7 +100,7 @@ class CloudExchange:
             accepted = {c: d for c, d in deltas.items() if c not in refused}
             if not accepted:
                 raise IntegrityError(f"round {r}: every contribution was refused: {refused}")
-            params, momentum = self._reduce(r, accepted, members, known)
+            params, momentum = self._reduce(r, accepted, members, known, layout)
         finally:
             for d in deltas.values():
                 d.close()
@@ -183,10 +182,9 @@ class CloudExchange:
         return deltas, norms, refused, read
 
     def _reduce(self, r: int, accepted: dict[str, Delta], members: Members,
-                known: dict[str, torch.Tensor]) -> tuple[TensorFileWriter, TensorFileWriter | None]:
+                known: dict[str, torch.Tensor], layout: dict) -> tuple[TensorFileWriter, TensorFileWriter | None]:
         """The new global (and momentum) written by the reduce, each writer still open for its ``close``."""
         cfg = outer_config(self.plan, r)
-        layout = {n: (torch.float32, tuple(t.shape)) for n, t in known.items()}
         params = TensorFileWriter(self.spool / f"global-{r + 1}.safetensors", layout)
         momentum_out = TensorFileWriter(self.spool / f"momentum-{r + 1}.safetensors", layout) if cfg.momentum else None
         momentum_in = TensorFile(self.momentum) if self.momentum and cfg.momentum else None

@@ -102,6 +102,11 @@ def cloud_record(meta: dict) -> dict:
     return {**{k: meta.get(k) for k in keep}, "mean_step_s": sum(steps) / len(steps), "cap": meta.get("cap", 1.0)}
 
 
+def global_report(meta: dict) -> dict:
+    """What a cloud's commit of a global says of the exchange that made it: its figures, digest and refusals."""
+    return {**meta.get("exchange", {}), "digest": meta.get("digest"), "refused": meta.get("refused", {})} if meta else {}
+
+
 class RoundDecider:
     """One cloud's side of agreeing on each round's members; ``stores`` are every run cloud's, as this cloud reaches them."""
 
