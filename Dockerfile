@@ -12,6 +12,9 @@
 #
 #   airflow: Airflow with crosscloud's DAGs, plugins and engine, for docker-compose.yaml.
 #     docker build --target airflow -t crosscloud-airflow .
+#   cloud-host: the worker's environment behind OpenSSH, a stand-in for a bare-metal cloud that
+#   docker-compose.yaml reaches with the ssh access method (one container per cloud).
+#     docker build --target cloud-host -t crosscloud-cloud-host .
 
 ARG BASE=python:3.11-slim-bookworm
 ARG AIRFLOW_BASE=apache/airflow:3.3.2-python3.11
@@ -27,7 +30,8 @@ COPY --chown=airflow:0 plugins /opt/crosscloud/plugins
 RUN pip install --no-cache-dir --no-deps /opt/crosscloud
 COPY --chown=airflow:0 dags /opt/airflow/dags
 
-FROM ${BASE} AS worker
+# what the worker image and the compose stack's cloud hosts share
+FROM ${BASE} AS worker-base
 ARG VARIANT=cpu
 ENV PYTHONUNBUFFERED=1 PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1
 WORKDIR /opt/crosscloud
@@ -47,6 +51,17 @@ COPY include ./include
 COPY plugins ./plugins
 RUN pip install --no-deps . && python -c "import torch, crosscloud.training.worker" \
     && useradd --create-home --uid 10001 crosscloud
+
+# sshd runs as root and takes its host key and port on the command line (docker-compose.yaml);
+# sub-tasks run as crosscloud: access.python /usr/local/bin/python, access.workdir in its home
+FROM worker-base AS cloud-host
+RUN apt-get update && apt-get install -y --no-install-recommends openssh-server \
+    && rm -rf /var/lib/apt/lists/* /etc/ssh/ssh_host_* \
+    && mkdir -p /run/sshd && usermod -p '*' crosscloud
+# no host keys baked in (each cloud host gets its own); '*': key login only, the account is not locked
+CMD ["/usr/sbin/sshd", "-D", "-e"]
+
+FROM worker-base AS worker
 USER crosscloud
 # the command comes from the backend (torchrun or python -m crosscloud.training.worker ...)
 CMD ["python", "-m", "crosscloud.training.worker", "--help"]
