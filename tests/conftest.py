@@ -6,11 +6,13 @@ when it is first imported.
 
 from __future__ import annotations
 
+import multiprocessing
 import os
 import shutil
 import subprocess
 import sys
 import tempfile
+import uuid
 from pathlib import Path
 
 import pytest
@@ -54,9 +56,62 @@ os.environ["CROSSCLOUD_DATA_DIR"] = str(_STATE / "data")
 @pytest.fixture()
 def ledger(tmp_path):
     """A reservation ledger of the test's own, so reservations never leak between tests."""
-    from crosscloud.pool.ledger import Ledger
+    from crosscloud.ledger import Ledger
 
     return Ledger(tmp_path / "ledger.sqlite")
+
+
+@pytest.fixture(scope="session")
+def postgres():
+    """A real PostgreSQL server on 127.0.0.1 for the session (tests/pgserver.py): ``.url(db)``, ``.create_database(name)``."""
+    from pgserver import PostgresServer, PostgresUnavailable
+
+    server = PostgresServer({"fsync": "off"})  # a throwaway server: no crash to survive
+    try:
+        server.start()
+    except PostgresUnavailable as exc:
+        if os.environ.get("CI") == "true":
+            pytest.fail(str(exc))
+        pytest.skip(str(exc))
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture(params=["sqlite", pytest.param("postgresql", marks=pytest.mark.multihost)])
+def ledger_location(request, tmp_path) -> str:
+    """A fresh ledger's place on each backend: a SQLite file's path, and a new database on the session's PostgreSQL
+    (those runs are marked ``multihost``)."""
+    if request.param == "sqlite":
+        return str(tmp_path / "ledger.sqlite")
+    return request.getfixturevalue("postgres").create_database(f"ledger_{uuid.uuid4().hex[:12]}")
+
+
+@pytest.fixture()
+def any_ledger(ledger_location):
+    """A ledger of the test's own, on each backend."""
+    from crosscloud.ledger import Ledger
+
+    return Ledger(ledger_location)
+
+
+@pytest.fixture()
+def in_processes():
+    """Runs ``target(*args, results)`` in one spawned process per ``args``, all at once; returns what each put on
+    ``results`` (in the order they did), once every process exited cleanly."""
+    def run(target, arglists: list[tuple], timeout_s: float = 120) -> list:
+        spawn = multiprocessing.get_context("spawn")
+        results = spawn.Queue()
+        procs = [spawn.Process(target=target, args=(*args, results)) for args in arglists]
+        for p in procs:
+            p.start()
+        for p in procs:
+            p.join(timeout_s)
+        assert [p.exitcode for p in procs] == [0] * len(procs)
+        return [results.get(timeout=5) for _ in procs]
+
+    return run
 
 
 @pytest.fixture(scope="session")

@@ -11,11 +11,11 @@ from pathlib import Path
 from crosscloud.artifacts.catalog import load_catalog
 from crosscloud.core.federation import load_federation
 from crosscloud.core.job import JobSpec
+from crosscloud.ledger import Ledger
 from crosscloud.pipeline.inputs import upload_dataset
 from crosscloud.pipeline.stages import run_job
 from crosscloud.pool import membership
 from crosscloud.pool.inventory import collect
-from crosscloud.pool.ledger import Ledger
 from crosscloud.store.open_store import open_store
 from crosscloud.tracking.progress import Progress
 

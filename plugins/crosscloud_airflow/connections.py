@@ -1,10 +1,13 @@
-"""Object-store credentials from Airflow Connections, one per cloud (and tenant).
+"""Object-store credentials from Airflow Connections, one per cloud (and tenant); the ledger's database too.
 
 A cloud's ``store.connection_id`` names the Connection; ``{tenant}`` in it is
 replaced by the tenant, so each tenant has its own keys on each cloud
 (``s3_guiyang_{tenant}`` -> ``s3_guiyang_team-a``). The Connection's login is
 the access key id, its password the secret key, and ``extra`` may hold
 ``aws_session_token``. Nothing of it is logged or written to a plan.
+
+The reservation ledger's database is the Connection ``crosscloud_ledger``
+(a PostgreSQL URI), unless ``CROSSCLOUD_LEDGER_URL`` says otherwise.
 """
 
 from __future__ import annotations
@@ -51,11 +54,31 @@ def kubernetes_client(access: dict):
     return KubernetesHook(conn_id=access.get("connection_id")).get_conn()
 
 
+def ledger_url() -> str | None:
+    """The URI of the Connection ``crosscloud_ledger``; None when it does not exist (the embedded SQLite ledger)."""
+    from airflow.sdk import BaseHook
+    from airflow.sdk.exceptions import AirflowNotFoundException
+
+    from crosscloud.ledger.url import CONNECTION_ID
+
+    try:
+        return BaseHook.get_connection(CONNECTION_ID).get_uri()
+    except AirflowNotFoundException:
+        return None
+
+
 def use_airflow_connections() -> None:
-    """Make the engine take store credentials and the clients of ssh and kubernetes clouds from Airflow Connections."""
+    """Make the engine take store credentials, the clients of ssh and kubernetes clouds and the ledger's database
+    from Airflow Connections, and tell it the executor (whether tasks run on several hosts)."""
+    from airflow.configuration import conf
+
+    from crosscloud import ledger
     from crosscloud.backends import kubernetes, ssh
+    from crosscloud.core import deployment
     from crosscloud.store import credentials
 
     credentials.set_provider(connection_credentials)
     ssh.set_connector(ssh_client)
     kubernetes.set_client_factory(kubernetes_client)
+    ledger.set_url_provider(ledger_url)
+    deployment.set_executor(conf.get("core", "executor"))

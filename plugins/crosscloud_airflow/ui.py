@@ -67,7 +67,7 @@ def _mlflow_link(tracking: dict) -> str:
 def _compute_view() -> str:
     from crosscloud.core.federation import load_federation
     from crosscloud.pool.inventory import collect
-    from crosscloud.pool.ledger import Ledger
+    from crosscloud.ledger import Ledger
     from crosscloud.tracking.run_report import list_runs, load_run
 
     fed, ledger = load_federation(), Ledger()

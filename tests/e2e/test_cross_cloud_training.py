@@ -40,7 +40,7 @@ def test_every_stage_succeeds(two_runs):
 
 
 def test_run_reserved_its_devices_and_gave_them_back(two_runs):
-    from crosscloud.pool.ledger import Ledger
+    from crosscloud.ledger import Ledger
 
     for run in two_runs:
         plan = json.loads(open_store(load_federation().local_cloud).get(RunKeys("team-a", run.run_id).plan))

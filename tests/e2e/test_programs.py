@@ -9,8 +9,8 @@ import pytest
 from crosscloud.core.federation import load_federation
 from crosscloud.core.job import JobSpec
 from crosscloud.core.keys import RunKeys
+from crosscloud.ledger import Ledger
 from crosscloud.pipeline.stages import run_job
-from crosscloud.pool.ledger import Ledger
 from crosscloud.store.open_store import open_store
 from crosscloud.training.watcher import SubTaskLost
 from crosscloud.training.program import ProgramError

@@ -10,8 +10,8 @@ import pytest
 from crosscloud.artifacts.catalog import apply, choose_tenant_warm_sets, load_catalog
 from crosscloud.core.federation import load_federation
 from crosscloud.core.job import JobSpec
+from crosscloud.ledger import Ledger
 from crosscloud.pipeline.stages import admit_stage, preheat_stage, release_stage
-from crosscloud.pool.ledger import Ledger
 from crosscloud.store.chunks import put_blob
 
 T = "team-b"  # a tenant of its own, so other tests' runs do not count as demand here

@@ -17,7 +17,7 @@ from crosscloud.artifacts.distribution import Artifact, CloudWarmSet, Pin, Use, 
 from crosscloud.artifacts.preheat import RateCap, TransferReport, fetch
 from crosscloud.core.federation import Federation
 from crosscloud.core.keys import manifest_key
-from crosscloud.pool.ledger import Ledger
+from crosscloud.ledger import Ledger
 from crosscloud.run.plan import Plan
 from crosscloud.store.base import ObjectNotFound, ObjectStore
 from crosscloud.store.chunks import BlobRef, ChunkIndex, Manifest, Warmth, warmth

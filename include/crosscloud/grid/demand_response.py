@@ -30,7 +30,7 @@ from crosscloud.core.federation import Federation
 from crosscloud.core.keys import RunKeys
 from crosscloud.energy.metered import measured_power_w
 from crosscloud.energy.power import DEFAULT_PUE, PowerCurve, device_power
-from crosscloud.pool.ledger import Ledger
+from crosscloud.ledger import Ledger
 from crosscloud.run.history import load_history
 from crosscloud.run.plan import Plan
 from crosscloud.store.base import ObjectNotFound, ObjectStore

@@ -27,8 +27,8 @@ from dataclasses import dataclass
 from crosscloud.core.federation import Federation
 from crosscloud.energy.power import DEFAULT_PUE, device_power, effective_price
 from crosscloud.grid.demand_response import Action, read_directives, write_directive
+from crosscloud.ledger import Ledger
 from crosscloud.pool.inventory import electricity_now
-from crosscloud.pool.ledger import Ledger
 from crosscloud.run.plan import Plan
 from crosscloud.store.open_store import open_store
 

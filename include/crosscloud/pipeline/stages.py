@@ -23,7 +23,7 @@ from crosscloud.core.job import JobSpec
 from crosscloud.core.keys import manifest_key, validate_name
 from crosscloud.core.presets import preset
 from crosscloud.pool.admission import Admission, NotAdmitted, admit, preflight
-from crosscloud.pool.ledger import Ledger
+from crosscloud.ledger import Ledger
 from crosscloud.pool.partition import partition
 from crosscloud.pool.placement import PlacementError
 from crosscloud.run import baseline

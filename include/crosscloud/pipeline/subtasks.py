@@ -9,7 +9,7 @@ from collections.abc import Callable
 
 from crosscloud.backends import Handle, SubTaskError, SubTaskSpec, get_backend
 from crosscloud.core.federation import Federation
-from crosscloud.pool.ledger import Ledger
+from crosscloud.ledger import Ledger
 from crosscloud.run.plan import Plan
 from crosscloud.run.ref import RunRef
 from crosscloud.store.chunks import ChunkIndex, warmth

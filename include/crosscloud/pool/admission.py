@@ -19,8 +19,8 @@ from dataclasses import dataclass, replace
 from crosscloud.core.federation import Federation
 from crosscloud.core.job import JobSpec
 from crosscloud.core.presets import PRESETS, SAMPLE_SECONDS
+from crosscloud.ledger import Ledger, Usage
 from crosscloud.pool.inventory import collect
-from crosscloud.pool.ledger import Ledger, Usage
 from crosscloud.pool.placement import Considered, JobRequest, Part, PlacementError, Site, place, refusal
 from crosscloud.store.network import network
 

@@ -18,7 +18,7 @@ from crosscloud.core.federation import Cloud, Federation
 from crosscloud.core.paths import data_dir
 from crosscloud.energy.power import effective_price
 from crosscloud.energy.prices import CsvFeed, ElectricityError, map_to_data_year
-from crosscloud.pool.ledger import Ledger, Membership, Usage
+from crosscloud.ledger import Ledger, Membership, Usage
 from crosscloud.pool.placement import Site
 
 _FEEDS: dict[str, object] = {}

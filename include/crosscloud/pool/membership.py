@@ -17,7 +17,7 @@ import time
 
 from crosscloud.backends import SubTaskError, SubTaskSpec, get_backend
 from crosscloud.core.federation import Federation
-from crosscloud.pool.ledger import Ledger
+from crosscloud.ledger import Ledger
 from crosscloud.store.base import StoreError
 from crosscloud.store.credentials import credentials_env
 from crosscloud.store.open_store import open_store

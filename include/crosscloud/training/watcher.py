@@ -19,7 +19,7 @@ from collections.abc import Callable
 
 from crosscloud.backends import Backend, Handle, get_backend
 from crosscloud.backends.base import PROGRAM_FAILED, STOPPED
-from crosscloud.pool.ledger import Ledger
+from crosscloud.ledger import Ledger
 from crosscloud.run.history import load_history, save_history
 from crosscloud.run.plan import Plan
 from crosscloud.store.base import ObjectNotFound, ObjectStore, StoreError

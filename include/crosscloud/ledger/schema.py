@@ -1,0 +1,66 @@
+"""The ledger's tables as the queries see them: the schema at the newest migration.
+
+The migrations (``migrations/versions``) build it and are its history; a test
+compares this metadata with a migrated database, so the two cannot drift.
+Times are epoch seconds in a double (``REAL`` in SQLite, as the first schema
+had them; ``DOUBLE PRECISION`` in PostgreSQL, whose ``REAL`` is too coarse).
+"""
+
+from __future__ import annotations
+
+import sqlalchemy as sa
+from sqlalchemy.dialects import sqlite
+
+EPOCH = sa.Double().with_variant(sqlite.REAL(), "sqlite")
+# the migrations' own table of the revision a database is at; not Alembic's default name, so a ledger may
+# share a PostgreSQL database with Airflow's metadata (whose alembic_version holds Airflow's revision)
+VERSION_TABLE = "crosscloud_ledger_version"
+
+metadata = sa.MetaData()
+
+reservations = sa.Table(
+    "reservations", metadata,
+    sa.Column("id", sa.Integer, primary_key=True),
+    sa.Column("tenant", sa.Text, nullable=False),
+    sa.Column("run_id", sa.Text, nullable=False),
+    sa.Column("cloud", sa.Text, nullable=False),
+    sa.Column("accelerator", sa.Text, nullable=False),
+    sa.Column("devices", sa.Integer, sa.CheckConstraint("devices > 0"), nullable=False),
+    sa.Column("created_at", EPOCH, nullable=False),
+    sa.Column("released_at", EPOCH),
+    # revision 0002: a reservation is a lease its run renews
+    sa.Column("holder", sa.Text, nullable=False, server_default=""),
+    sa.Column("lease_expires_at", EPOCH),  # NULL: held until released (reservations older than leases)
+    sa.Column("release_reason", sa.Text),
+    sa.Index("reservations_active", "released_at", "tenant", "run_id"),
+)
+
+pins = sa.Table(
+    "pins", metadata,
+    sa.Column("tenant", sa.Text, primary_key=True),
+    sa.Column("artifact", sa.Text, primary_key=True),
+    sa.Column("cloud", sa.Text, primary_key=True),
+    sa.Column("expires_at", EPOCH, nullable=False),
+)
+
+clouds = sa.Table(
+    "clouds", metadata,
+    sa.Column("cloud", sa.Text, primary_key=True),
+    sa.Column("state", sa.Text),
+    sa.Column("check_ok", sa.Integer),
+    sa.Column("checked_at", EPOCH),
+    sa.Column("detail", sa.Text, nullable=False, server_default=""),
+)
+
+events = sa.Table(
+    "ledger_events", metadata,
+    sa.Column("id", sa.Integer, primary_key=True),
+    sa.Column("at", EPOCH, nullable=False),
+    sa.Column("kind", sa.Text, nullable=False),
+    sa.Column("tenant", sa.Text, nullable=False),
+    sa.Column("run_id", sa.Text, nullable=False),
+    sa.Column("cloud", sa.Text, nullable=False),
+    sa.Column("devices", sa.Integer, nullable=False),
+    sa.Column("detail", sa.Text, nullable=False, server_default=""),
+    sa.Index("ledger_events_run", "tenant", "run_id"),
+)
