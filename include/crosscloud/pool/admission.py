@@ -20,7 +20,7 @@ from crosscloud.core.federation import Federation
 from crosscloud.core.job import JobSpec
 from crosscloud.core.presets import PRESETS, SAMPLE_SECONDS
 from crosscloud.ledger import Ledger, Usage
-from crosscloud.pool.inventory import collect
+from crosscloud.pool.inventory import before_admission, collect
 from crosscloud.pool.placement import Considered, JobRequest, Part, PlacementError, Site, place, refusal
 from crosscloud.store.network import network
 
@@ -135,22 +135,36 @@ def preflight(fed: Federation, spec: JobSpec, family: str, ledger: Ledger | None
 
 
 def admit(fed: Federation, spec: JobSpec, run_id: str, family: str, data_bytes: int, data_at: set[str],
-          ledger: Ledger | None = None) -> Admission:
-    """Choose where the run trains and reserve its devices; see the module docstring for the two errors."""
+          ledger: Ledger | None = None, holder: str = "") -> Admission:
+    """Choose where the run trains and reserve its devices; see the module docstring for the two errors.
+
+    Memberships and the backends' running sub-tasks are read before the
+    ledger's transaction; inside it only the reservations are, so the lock
+    every other admission waits for is held for the decision alone. A run
+    that does not fit the reservations as one read finds them is told so
+    without waiting for the lock: "not now" was true at that instant.
+    """
     ledger = ledger or Ledger()
     _check_request(fed, spec)
+    inventory = before_admission(fed, ledger)
+    quotas = dict(fed.tenant(spec.tenant).quotas)
     result: list[Admission] = []
 
     def decide(usage: Usage) -> list[tuple[str, str, int]]:
         # the tenant sees a pool's free devices within what its quota leaves it there
-        left = {c: q - usage.tenant(spec.tenant, c) for c, q in fed.tenant(spec.tenant).quotas.items()}
-        sites = [replace(s, free=max(min(s.free, left.get(s.cloud, 0)), 0))
-                 for s in collect(fed, ledger, spec.tenant, usage=usage, electricity=False, clusters=False).sites(family)]
+        left = {c: q - usage.tenant(spec.tenant, c) for c, q in quotas.items()}
+        sites = [replace(s, free=max(min(s.free, left.get(s.cloud, 0)), 0)) for s in inventory.with_usage(usage).sites(family)]
         result.append(_decide(fed, spec, family, data_bytes, data_at, sites))
         return [(p.cloud, p.accelerator, p.devices) for p in result[-1].parts]
 
+    try:
+        decide(ledger.usage())
+    except (NotAdmitted, PlacementError):
+        if not ledger.active(spec.tenant, run_id):  # else a retried admission: the ledger gives its devices back
+            raise
+    result.clear()  # the decision that counts is the one inside the transaction
     capacity = {(c.name, p.accelerator): p.count for c in fed.clouds for p in c.pools}
-    held = ledger.admit(spec.tenant, run_id, decide, capacity, dict(fed.tenant(spec.tenant).quotas))
+    held = ledger.admit(spec.tenant, run_id, decide, capacity, quotas, holder=holder)
     if not result:  # a retried admission: the run already holds its devices
         parts = [Part(r.cloud, r.accelerator, r.devices) for r in held]
         return Admission(parts, [Considered(p.cloud, p.accelerator, True, "reserved by an earlier try") for p in parts])

@@ -9,7 +9,7 @@ the CLI prints it, DAGs and the UI call ``collect``.
 from __future__ import annotations
 
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from datetime import datetime, timezone
 
 from crosscloud.backends import SubTaskError, get_backend
@@ -122,6 +122,13 @@ class Inventory:
                 pool.update(in_use=p.in_use, free=p.free, effective_price_per_device_hour=p.effective_price_per_device_hour)
         return out
 
+    def with_usage(self, usage: Usage) -> Inventory:
+        """This inventory with the ledger's reservations as ``usage`` has them (read later, inside an admission)."""
+        clouds = [replace(c, pools=[replace(p, reserved=usage.pool(c.name, p.accelerator)) for p in c.pools])
+                  for c in self.clouds]
+        tenants = [replace(t, used={cloud: usage.tenant(t.name, cloud) for cloud in t.quota}) for t in self.tenants]
+        return replace(self, clouds=clouds, tenants=tenants)
+
     def sites(self, family: str) -> list[Site]:
         """Every pool as a placement site for a job of model ``family``."""
         return [
@@ -213,18 +220,9 @@ def clusters_free(cloud: Cloud) -> tuple[dict[str, int], str]:
         return {}, f"cluster not asked: {type(exc).__name__}: {str(exc)[:200]}"
 
 
-def collect(fed: Federation, ledger: Ledger | None = None, tenant: str | None = None, usage: Usage | None = None,
-            electricity: bool = True, clusters: bool = True) -> Inventory:
-    """The inventory now; with ``tenant``, the tenant section shows only that tenant.
-
-    ``usage`` is the ledger's usage as read inside an admission transaction;
-    by default it is read here. Admission passes ``electricity=False`` and
-    ``clusters=False``: placement does not use the price, and neither price
-    files nor Kubernetes API calls may hold the ledger's write lock and with it
-    every other admission.
-    """
-    ledger = ledger or Ledger()
-    usage = usage or ledger.usage()
+def clouds_now(fed: Federation, ledger: Ledger, usage: Usage, electricity: bool = True,
+               clusters: bool = True) -> list[CloudView]:
+    """Every cloud's view: membership (ledger), pools with ``usage``'s reservations and the backends' running sub-tasks."""
     members, running = ledger.memberships(), _running(fed)
     clouds = []
     for c in fed.clouds:
@@ -241,6 +239,25 @@ def collect(fed: Federation, ledger: Ledger | None = None, tenant: str | None = 
                 cluster_free=free_now.get(p.accelerator), cluster_note=why,
             ))
         clouds.append(CloudView(c.name, c.role, c.jurisdiction, c.region, c.access.method, state, health, refuses, pools))
+    return clouds
+
+
+def before_admission(fed: Federation, ledger: Ledger) -> Inventory:
+    """What admission reads before its ledger transaction: memberships and the backends' running sub-tasks.
+
+    Reservations come inside the transaction (``Inventory.with_usage``), so
+    nothing slow holds the ledger's write lock, which every other admission
+    waits for. Neither the price nor the clusters are read: placement uses neither.
+    """
+    return Inventory(fed.name, time.time(), clouds_now(fed, ledger, Usage({}, {}), electricity=False, clusters=False))
+
+
+def collect(fed: Federation, ledger: Ledger | None = None, tenant: str | None = None, electricity: bool = True,
+            clusters: bool = True) -> Inventory:
+    """The inventory now; with ``tenant``, the tenant section shows only that tenant."""
+    ledger = ledger or Ledger()
+    usage = ledger.usage()
+    clouds = clouds_now(fed, ledger, usage, electricity, clusters)
     reservations = ledger.active(tenant)
     tenants = [
         TenantView(
