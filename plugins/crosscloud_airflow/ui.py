@@ -4,9 +4,14 @@ A FastAPI app that the api-server mounts at ``/crosscloud`` (``plugin.py``),
 shown inside the Airflow UI as external views: an entry of the navigation and
 a tab on every DAG run. Each route depends on Airflow's own authentication
 and authorization (the UI's JWT cookie or a bearer token, and read access to
-the DAG's runs): a request without them gets 401/403 and no data. The HTML is
-rendered on the server, fresh from the engine on each request
-(``pool.inventory.collect``, ``tracking.run_report``); the page needs no JavaScript.
+the DAG's runs): a request without them gets 401/403 and no data. Past that,
+a user sees the runs, reservations and quota of their own tenants only
+(``tenancy.py``: the Airflow teams the auth manager puts them in; an
+administrator is in all); pools' totals and use stay global, capacity being
+no tenant's secret. The HTML is rendered on the server, fresh from the engine
+on each request (``pool.inventory.collect``, ``tracking.run_report``); the page
+needs no JavaScript. ``/api/inventory`` is the same view as JSON, for
+``crosscloud inventory --airflow``.
 """
 
 from __future__ import annotations
@@ -17,9 +22,11 @@ from html import escape
 from urllib.parse import quote
 
 from airflow.api_fastapi.auth.managers.models.resource_details import DagAccessEntity
-from airflow.api_fastapi.core_api.security import requires_access_dag
+from airflow.api_fastapi.core_api.security import GetUserDep, requires_access_dag
 from fastapi import Depends, FastAPI, HTTPException
 from fastapi.responses import HTMLResponse
+
+from crosscloud_airflow.tenancy import require_tenant, visible_tenants
 
 TRAINING_DAG = "cross_cloud_training"
 RECENT_RUNS = 10  # per tenant on the global view
@@ -35,7 +42,7 @@ th{background:#edf2f7}td.n{text-align:right;font-variant-numeric:tabular-nums}.m
 .lane{display:flex;align-items:center;margin:3px 0}.lane .name{width:110px;font-size:.85rem}
 .bar{display:flex;height:20px}.seg{height:20px}.round{display:flex;margin-right:2px;outline:1px solid #fff}
 .legend span{display:inline-block;width:12px;height:12px;margin:0 4px 0 12px;vertical-align:middle}
-.ok{color:#2f855a}.bad{color:#c53030}
+.ok{color:#2f855a}.bad{color:#c53030}.note{background:#fefcbf;padding:6px 10px;max-width:60rem}
 """
 
 
@@ -64,17 +71,16 @@ def _mlflow_link(tracking: dict) -> str:
     return f"<a id='mlflow-link' href='{escape(url)}' target='_blank' rel='noopener'>MLflow run {escape(tracking['parent_run_id'])}</a>"
 
 
-def _compute_view() -> str:
-    from crosscloud.core.federation import load_federation
+def _shown_inventory(fed, ledger, shown: list[str]):
+    """The inventory with only the ``shown`` tenants' section; pools' totals and use stay global."""
     from crosscloud.pool.inventory import collect
-    from crosscloud.ledger import Ledger
-    from crosscloud.tracking.run_report import list_runs, load_run
 
-    fed, ledger = load_federation(), Ledger()
     inv = collect(fed, ledger)
-    holding: dict[str, set[str]] = {}
-    for r in ledger.active():
-        holding.setdefault(r.cloud, set()).add(f"{r.run_id} ({r.tenant})")
+    inv.tenants = [t for t in inv.tenants if t.name in shown]
+    return inv
+
+
+def _pool_rows(inv, holding: dict[str, set[str]]) -> list[list[str]]:
     rows = []
     for c in inv.clouds:
         for i, p in enumerate(c.pools):
@@ -86,26 +92,64 @@ def _compute_view() -> str:
                 _fmt(p.electricity_usd_mwh, ".1f") if p.electricity_usd_mwh is not None
                 else f"<span title='{escape(p.electricity_note)}'>unknown</span>",  # why, on hover
                 _fmt(p.effective_price_per_device_hour, ".4f"), runs if i == 0 else ""])
+    return rows
+
+
+def _recent_runs(fed, shown: list[str]) -> list[list[str]]:
+    from crosscloud.tracking.run_report import list_runs, load_run
+
+    recent = []
+    for tenant in shown:
+        for _, run_id in list_runs(fed, tenant)[:RECENT_RUNS]:
+            v = load_run(fed, tenant, run_id)
+            m = v.metrics
+            recent.append([f"<a href='runs/{TRAINING_DAG}/{quote(run_id, safe='')}'>{escape(run_id)}</a>", escape(tenant), escape(v.mode),
+                           ", ".join(escape(c["name"]) for c in v.clouds), escape(v.state), f"{v.rounds_done}/{v.rounds}",
+                           _fmt(m.get("final_eval_loss"), ".4f"), _fmt(m.get("iteration_time_gap_pct"), "+.1f", " %")])
+    return recent
+
+
+def _viewer(user, shown: list[str], note: str) -> str:
+    """Who the page is for and which tenants it shows them, or why none."""
+    if note:
+        return f"<p class='note' id='no-tenant'>{escape(note)}</p>"
+    return (f"<p class='muted'>signed in as {escape(user.get_name())}: tenants shown "
+            f"<b id='tenants-shown'>{escape(', '.join(shown))}</b></p>")
+
+
+def _sources():
+    """The federation and the reservation ledger, read afresh for each request."""
+    from crosscloud.core.federation import load_federation
+    from crosscloud.ledger import Ledger
+
+    return load_federation(), Ledger()
+
+
+def _compute_view(user) -> str:
+    fed, ledger = _sources()
+    shown, note = visible_tenants(user, [t.name for t in fed.tenants])
+    inv = _shown_inventory(fed, ledger, shown)
+    holding: dict[str, set[str]] = {}
+    for r in ledger.active():
+        if r.tenant in shown:
+            holding.setdefault(r.cloud, set()).add(f"{r.run_id} ({r.tenant})")
     hours = sorted({p.electricity_hour for c in inv.clouds for p in c.pools if p.electricity_hour})
     tenants = [[escape(t.name), ", ".join(f"{escape(cloud)} {t.used.get(cloud, 0)}/{q}" for cloud, q in t.quota.items()),
                 ", ".join(escape(r) for r in t.runs) or "<span class='muted'>none</span>"] for t in inv.tenants]
-    recent = []
-    for t in fed.tenants:
-        for _, run_id in list_runs(fed, t.name)[:RECENT_RUNS]:
-            v = load_run(fed, t.name, run_id)
-            m = v.metrics
-            recent.append([f"<a href='runs/{TRAINING_DAG}/{quote(run_id, safe='')}'>{escape(run_id)}</a>", escape(t.name), escape(v.mode),
-                           ", ".join(escape(c["name"]) for c in v.clouds), escape(v.state), f"{v.rounds_done}/{v.rounds}",
-                           _fmt(m.get("final_eval_loss"), ".4f"), _fmt(m.get("iteration_time_gap_pct"), "+.1f", " %")])
+    recent = _recent_runs(fed, shown)
     return (
         f"<h1>crosscloud: global compute</h1><p class='muted'>federation <b id='federation'>{escape(inv.federation)}</b>, "
         f"{len(inv.clouds)} clouds, as of {time.strftime('%Y-%m-%d %H:%M:%S UTC', time.gmtime(inv.generated_at))}</p>"
-        "<h2>Clouds and accelerator pools</h2>"
+        + _viewer(user, shown, note)
+        + "<h2>Clouds and accelerator pools</h2>"
         + _table(["cloud", "role", "jurisdiction", "state", "health", "accelerator", "total", "in use", "free", "price/device-h",
-                  "electricity USD/MWh", "effective price/device-h", "runs on it"], rows, numeric={6, 7, 8, 9, 10, 11})
+                  "electricity USD/MWh", "effective price/device-h", "runs on it"], _pool_rows(inv, holding),
+                 numeric={6, 7, 8, 9, 10, 11})
         + (f"<p class='muted'>electricity: grid price at {escape(', '.join(hours))} UTC (now mapped onto the data's year); "
            "effective price = rental + power x electricity price x PUE</p>" if hours else "")
-        + "<h2>Tenants: devices used / quota</h2>" + _table(["tenant", "used / quota per cloud", "runs holding devices"], tenants)
+        + "<h2>Tenants: devices used / quota</h2>"
+        + (_table(["tenant", "used / quota per cloud", "runs holding devices"], tenants) if tenants
+           else "<p class='muted'>no tenant shown</p>")
         + "<h2>Recent runs</h2>"
         + (_table(["run", "tenant", "mode", "clouds", "state", "rounds", "final eval loss", "iteration-time gap"], recent, numeric={5, 6, 7})
            if recent else "<p class='muted'>no runs yet</p>")
@@ -131,7 +175,7 @@ def _timeline(view) -> str:
             + _table(["cloud", "round", "compute s", "communication s", "waiting s", "total s"], rows, numeric={1, 2, 3, 4, 5}))
 
 
-def _run_view(dag_id: str, run_id: str) -> str:
+def _run_view(user, dag_id: str, run_id: str) -> str:
     from crosscloud.core.federation import load_federation
     from crosscloud.tracking.run_report import find_tenant, load_run
 
@@ -139,6 +183,7 @@ def _run_view(dag_id: str, run_id: str) -> str:
     tenant = find_tenant(fed, run_id)
     if tenant is None:
         raise HTTPException(404, f"DAG run {run_id} of {dag_id} has no crosscloud plan (it was not admitted, or is not a training run)")
+    require_tenant(user, tenant)
     v = load_run(fed, tenant, run_id)
     m, b = v.metrics, v.baseline
     batch = sum(c["share"] for c in v.clouds)
@@ -172,13 +217,23 @@ def _run_view(dag_id: str, run_id: str) -> str:
 
 @app.get("/", response_class=HTMLResponse,
          dependencies=[Depends(requires_access_dag("GET", DagAccessEntity.RUN, param_dag_id=TRAINING_DAG))])
-def compute_page() -> HTMLResponse:
-    """The global compute view: clouds, pools, prices, tenants, runs."""
-    return _page("crosscloud: global compute", _compute_view())
+def compute_page(user: GetUserDep) -> HTMLResponse:
+    """The global compute view: clouds, pools, prices; the user's tenants and their runs."""
+    return _page("crosscloud: global compute", _compute_view(user))
+
+
+@app.get("/api/inventory",
+         dependencies=[Depends(requires_access_dag("GET", DagAccessEntity.RUN, param_dag_id=TRAINING_DAG))])
+def inventory_api(user: GetUserDep) -> dict:
+    """The inventory as the page shows it to this user, as JSON (``crosscloud inventory --airflow``)."""
+    fed, ledger = _sources()
+    shown, note = visible_tenants(user, [t.name for t in fed.tenants])
+    return {**_shown_inventory(fed, ledger, shown).to_dict(),
+            "shown_to": {"user": user.get_name(), "tenants": shown, "note": note}}
 
 
 @app.get("/runs/{dag_id}/{run_id}", response_class=HTMLResponse,
          dependencies=[Depends(requires_access_dag("GET", DagAccessEntity.RUN))])
-def run_page(dag_id: str, run_id: str) -> HTMLResponse:
-    """One DAG run: plan, why each cloud, rounds per cloud, the gap, the MLflow run."""
-    return _page(f"crosscloud run {run_id}", _run_view(dag_id, run_id))
+def run_page(dag_id: str, run_id: str, user: GetUserDep) -> HTMLResponse:
+    """One DAG run of the user's tenants: plan, why each cloud, rounds per cloud, the gap, the MLflow run."""
+    return _page(f"crosscloud run {run_id}", _run_view(user, dag_id, run_id))
