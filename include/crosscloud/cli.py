@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import argparse
+import getpass
 import json
+import os
 import sys
 import time
+from dataclasses import fields
 from pathlib import Path
 
 from crosscloud.artifacts.catalog import load_catalog
@@ -15,7 +18,7 @@ from crosscloud.ledger import Ledger
 from crosscloud.pipeline.inputs import upload_dataset
 from crosscloud.pipeline.stages import run_job
 from crosscloud.pool import membership
-from crosscloud.pool.inventory import collect
+from crosscloud.pool.inventory import CloudView, Inventory, PoolView, TenantView, collect
 from crosscloud.store.open_store import open_store
 from crosscloud.tracking.progress import Progress
 
@@ -160,9 +163,63 @@ def _release(args) -> int:
     return 0
 
 
+INVENTORY_WHO = """who sees what:
+  without --airflow: the operator's local view. Whoever can read this host's federation file and reservation
+    ledger (the ledger's credentials) sees every tenant; --tenant narrows what is printed, it guards nothing.
+  with --airflow URL: asks the crosscloud page of that Airflow's api-server as a signed-in user (the token in
+    AIRFLOW_API_TOKEN, or --user and a password for the auth manager's /auth/token), and shows only the
+    tenants whose Airflow teams the user is in (an administrator: all), as the Airflow page does.
+"""
+
+
+def _airflow_token(base: str, args) -> str:
+    """A JWT of the Airflow auth manager for ``--user``, else the one in AIRFLOW_API_TOKEN."""
+    import httpx
+
+    if not args.user:
+        token = os.environ.get("AIRFLOW_API_TOKEN")
+        if not token:
+            raise SystemExit("crosscloud inventory --airflow: set AIRFLOW_API_TOKEN or give --user")
+        return token
+    password = args.password or os.environ.get("AIRFLOW_PASSWORD") or getpass.getpass(f"Airflow password of {args.user}: ")
+    r = httpx.post(f"{base}/auth/token", json={"username": args.user, "password": password}, timeout=60)
+    if r.status_code not in (200, 201):
+        raise SystemExit(f"crosscloud inventory: {base}/auth/token refused {args.user}: {r.status_code} {r.text[:300]}")
+    return r.json()["access_token"]
+
+
+def _airflow_inventory(args) -> tuple[dict, Inventory]:
+    """(what the plugin answered, as an Inventory): the signed-in user's view, their own tenants only."""
+    import httpx
+
+    base = args.airflow.rstrip("/")
+    r = httpx.get(f"{base}/crosscloud/api/inventory", headers={"Authorization": f"Bearer {_airflow_token(base, args)}"},
+                  timeout=120)
+    if r.status_code != 200:
+        raise SystemExit(f"crosscloud inventory: {base}/crosscloud/api/inventory answered {r.status_code}: {r.text[:300]}")
+    got = r.json()
+    keep = {f.name for f in fields(PoolView)}  # to_dict adds derived figures (free, in use); they are properties here
+    clouds = [CloudView(**{**c, "pools": [PoolView(**{k: v for k, v in p.items() if k in keep}) for p in c["pools"]]})
+              for c in got["clouds"]]
+    return got, Inventory(got["federation"], got["generated_at"], clouds, [TenantView(**t) for t in got["tenants"]])
+
+
 def _inventory(args) -> int:
-    inv = collect(load_federation(args.federation), tenant=args.tenant)
-    print(json.dumps(inv.to_dict(), indent=2) if args.json else inv.format())
+    if args.airflow:
+        out, inv = _airflow_inventory(args)
+        if out["shown_to"]["note"]:
+            print(out["shown_to"]["note"], file=sys.stderr)
+    else:
+        fed = load_federation(args.federation)
+        unknown = sorted(set(args.tenant) - {t.name for t in fed.tenants})
+        if unknown:
+            raise SystemExit(f"crosscloud inventory: unknown tenant(s) {unknown}; the federation has {[t.name for t in fed.tenants]}")
+        inv = collect(fed)
+        out = inv.to_dict()
+    if args.tenant:
+        inv.tenants = [t for t in inv.tenants if t.name in args.tenant]
+        out["tenants"] = [t for t in out["tenants"] if t["name"] in args.tenant]
+    print(json.dumps(out, indent=2) if args.json else inv.format())
     return 0
 
 
@@ -206,8 +263,12 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("folder")
     p.add_argument("--tenant", default="team-a")
     p.add_argument("--federation")
-    p = sub.add_parser("inventory", help="every cloud's pools, use and state; tenants' use against quota")
-    p.add_argument("--tenant", help="show only this tenant's use and runs")
+    p = sub.add_parser("inventory", help="every cloud's pools, use and state; tenants' use against quota",
+                       epilog=INVENTORY_WHO, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--tenant", action="append", default=[], metavar="T", help="show only this tenant's use and runs (repeatable)")
+    p.add_argument("--airflow", metavar="URL", help="ask this Airflow api-server's crosscloud page: only your own tenants")
+    p.add_argument("--user", help="with --airflow: sign in as this Airflow user (default: the token in AIRFLOW_API_TOKEN)")
+    p.add_argument("--password", help="with --user (default: AIRFLOW_PASSWORD, else asked for)")
     p.add_argument("--federation")
     p.add_argument("--json", action="store_true")
     p = sub.add_parser("warm", help="is each artifact really warm on each cloud: present and (with --verify) intact")
