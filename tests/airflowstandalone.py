@@ -1,9 +1,12 @@
 """A real ``airflow standalone`` for the browser tests: own AIRFLOW_HOME, state folder and free port.
 
 It runs the api-server, scheduler, dag-processor and triggerer of this
-checkout's DAGs and plugins, with the SimpleAuthManager's ``admin`` user and a
-password written before start. With ``CI=true`` a server that cannot start
-fails the test; elsewhere the test is skipped with the reason.
+checkout's DAGs and plugins, with the SimpleAuthManager's ``admin`` user (and
+any other users given) and passwords written before start. Given ``teams``, it
+runs in Airflow's multi-team mode with those teams created in the DB before
+start (the auth manager refuses to start with a user's team the DB lacks).
+With ``CI=true`` a server that cannot start fails the test; elsewhere the test
+is skipped with the reason.
 """
 
 from __future__ import annotations
@@ -30,17 +33,22 @@ def unavailable(message: str) -> None:
 
 
 class AirflowStandalone:
-    def __init__(self, root: Path):
+    def __init__(self, root: Path, users: dict[str, str] | None = None, teams: tuple[str, ...] = ()):
+        """``users``: name -> what follows the name in ``simple_auth_manager_users`` ("viewer:team-a");
+        ``admin`` (an Admin) is always one of them."""
         self.root = root
+        self.users = {"admin": "admin", **(users or {})}
+        self.teams = teams
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.home = root / "airflow"
         self.state = root / "state"
         self.data = root / "data"  # CROSSCLOUD_DATA_DIR: the test puts its price files and power sweep here
         self.log = root / "standalone.log"
-        self.password = secrets.token_urlsafe(12)
+        self.passwords = {name: secrets.token_urlsafe(12) for name in self.users}
+        self.password = self.passwords["admin"]
         self.proc: subprocess.Popen | None = None
-        self._token: str | None = None
+        self._tokens: dict[str, str] = {}
 
     def env(self) -> dict[str, str]:
         env = os.environ.copy()
@@ -53,18 +61,29 @@ class AirflowStandalone:
             "AIRFLOW__API__PORT": str(self.port),
             "AIRFLOW__API__BASE_URL": self.url,
             "AIRFLOW__CORE__EXECUTION_API_SERVER_URL": f"{self.url}/execution/",
-            "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS": "admin:admin",
+            "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS": ",".join(f"{name}:{spec}" for name, spec in self.users.items()),
             "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_PASSWORDS_FILE": str(self.home / "passwords.json"),
             "MLFLOW_TRACKING_URI": f"sqlite:///{self.state / 'mlflow.db'}",
             "CROSSCLOUD_MLFLOW_ARTIFACTS": (self.state / "mlartifacts").as_uri(),
         })
+        if self.teams:
+            env["AIRFLOW__CORE__MULTI_TEAM"] = "True"
         return env
+
+    def _create_teams(self, airflow: str) -> None:
+        """The DB and its teams before the api-server starts: its auth manager checks users' teams against them."""
+        for command in [["db", "migrate"]] + [["teams", "create", team] for team in self.teams]:
+            done = subprocess.run([airflow, *command], env=self.env(), capture_output=True, text=True)
+            if done.returncode != 0:
+                unavailable(f"airflow {' '.join(command)} failed: {done.stderr[-2000:]}")
 
     def start(self, timeout_s: float = 240.0) -> None:
         self.home.mkdir(parents=True)
         self.state.mkdir(parents=True)
-        (self.home / "passwords.json").write_text(json.dumps({"admin": self.password}))
+        (self.home / "passwords.json").write_text(json.dumps(self.passwords))
         airflow = str(Path(sys.executable).with_name("airflow"))
+        if self.teams:
+            self._create_teams(airflow)
         with open(self.log, "wb") as log:
             self.proc = subprocess.Popen([airflow, "standalone"], env=self.env(), stdout=log, stderr=subprocess.STDOUT,
                                          start_new_session=True)
@@ -87,12 +106,12 @@ class AirflowStandalone:
                 os.killpg(self.proc.pid, signal.SIGKILL)
                 self.proc.wait()
 
-    def token(self) -> str:
-        if self._token is None:
-            r = httpx.post(f"{self.url}/auth/token", json={"username": "admin", "password": self.password}, timeout=30)
+    def token(self, user: str = "admin") -> str:
+        if user not in self._tokens:
+            r = httpx.post(f"{self.url}/auth/token", json={"username": user, "password": self.passwords[user]}, timeout=30)
             r.raise_for_status()
-            self._token = r.json()["access_token"]
-        return self._token
+            self._tokens[user] = r.json()["access_token"]
+        return self._tokens[user]
 
     def api(self, method: str, path: str, **kwargs) -> httpx.Response:
         return httpx.request(method, f"{self.url}/api/v2{path}", headers={"Authorization": f"Bearer {self.token()}"},

@@ -18,10 +18,9 @@ from urllib.parse import quote
 
 import httpx
 import pytest
-from airflowstandalone import AirflowStandalone, unavailable
+from airflowstandalone import AirflowStandalone
+from browserkit import SHOTS, sign_in, wait
 
-ROOT = Path(__file__).resolve().parents[2]
-SHOTS = ROOT / "test-artifacts" / "browser"
 CONF = {"rounds": 2, "inner_steps": 6, "model_size": "tiny", "global_batch": 12, "seed": 5}
 CLOUDS = ("beijing", "shanghai", "singapore")
 PRICE_BASE = {"DE-LU": 60.0, "US-CAL-CISO": 30.0, "SG": 90.0}  # the embedded clouds' grid regions
@@ -71,46 +70,9 @@ def _run_object(server, run_id: str, name: str) -> dict:
 
 
 @pytest.fixture(scope="module")
-def browser():
-    chromium, driver_bin = shutil.which("chromium"), shutil.which("chromedriver")
-    if not (chromium and driver_bin):
-        unavailable("Debian's chromium and chromium-driver are not installed (apt-get install chromium chromium-driver)")
-    from selenium import webdriver
-    from selenium.webdriver.chrome.service import Service
-
-    options = webdriver.ChromeOptions()
-    options.binary_location = chromium
-    for arg in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--disable-gpu", "--window-size=1500,1100"):
-        options.add_argument(arg)
-    try:
-        driver = webdriver.Chrome(service=Service(driver_bin), options=options)
-    except Exception as e:  # noqa: BLE001 - any failure to start the browser is reported the same way
-        unavailable(f"headless chromium did not start: {e}")
-    SHOTS.mkdir(parents=True, exist_ok=True)
-    try:
-        yield driver
-    finally:
-        driver.quit()
-
-
-def _wait(driver, condition, timeout_s: float = 60.0):
-    from selenium.webdriver.support.ui import WebDriverWait
-
-    return WebDriverWait(driver, timeout_s).until(condition)
-
-
-@pytest.fixture(scope="module")
 def signed_in(server, finished_run, browser):
     """The browser after signing in through Airflow's own login form."""
-    from selenium.webdriver.common.by import By
-
-    browser.get(f"{server.url}/")
-    _wait(browser, lambda d: d.find_elements(By.NAME, "username"))
-    browser.find_element(By.NAME, "username").send_keys("admin")
-    browser.find_element(By.NAME, "password").send_keys(server.password)
-    browser.find_element(By.CSS_SELECTOR, "button[type=submit]").click()
-    _wait(browser, lambda d: "/auth/login" not in d.current_url and d.get_cookie("_token"))
-    return browser
+    return sign_in(browser, server)
 
 
 def test_unauthenticated_request_gets_no_data(server, finished_run):
@@ -133,9 +95,9 @@ def test_compute_view_from_the_airflow_navigation(server, finished_run, signed_i
 
     driver = signed_in
     driver.get(f"{server.url}/plugin/crosscloud")
-    frame = _wait(driver, lambda d: d.find_elements(By.TAG_NAME, "iframe"))[0]
+    frame = wait(driver, lambda d: d.find_elements(By.TAG_NAME, "iframe"))[0]
     driver.switch_to.frame(frame)
-    _wait(driver, lambda d: d.find_elements(By.ID, "federation"))
+    wait(driver, lambda d: d.find_elements(By.ID, "federation"))
     text = driver.find_element(By.TAG_NAME, "body").text
     driver.switch_to.default_content()
     driver.save_screenshot(str(SHOTS / "compute-view-in-airflow.png"))
@@ -164,14 +126,14 @@ def test_run_tab_shows_plan_timeline_gap_and_mlflow_link(server, finished_run, s
 
     driver, run_id, summary = signed_in, finished_run["run_id"], finished_run["summary"]
     driver.get(f"{server.url}/dags/cross_cloud_training/runs/{quote(run_id, safe='')}/plugin/crosscloud-run")
-    frame = _wait(driver, lambda d: d.find_elements(By.TAG_NAME, "iframe"))[0]
+    frame = wait(driver, lambda d: d.find_elements(By.TAG_NAME, "iframe"))[0]
     driver.switch_to.frame(frame)
-    _wait(driver, lambda d: d.find_elements(By.ID, "timeline"))
+    wait(driver, lambda d: d.find_elements(By.ID, "timeline"))
     driver.switch_to.default_content()
     driver.save_screenshot(str(SHOTS / "run-tab-in-airflow.png"))
 
     driver.get(f"{server.url}/crosscloud/runs/cross_cloud_training/{quote(run_id, safe='')}")
-    _wait(driver, lambda d: d.find_elements(By.ID, "timeline"))
+    wait(driver, lambda d: d.find_elements(By.ID, "timeline"))
     driver.save_screenshot(str(SHOTS / "run-page.png"))
     text = driver.find_element(By.TAG_NAME, "body").text
     m = summary["metrics"]
