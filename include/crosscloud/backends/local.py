@@ -21,6 +21,7 @@ from pathlib import Path
 import psutil
 
 from crosscloud.backends.base import Backend, Handle, SubTaskError, SubTaskSpec
+from crosscloud.core.deployment import require_single_host
 from crosscloud.core.paths import state_dir
 
 
@@ -67,6 +68,7 @@ class LocalBackend(Backend):
                 )
 
     def start(self, spec: SubTaskSpec) -> Handle:
+        require_single_host(f"cloud {spec.cloud}'s access method local", "reach the cloud by ssh or kubernetes")
         self.check_environment(spec)
         folder = _subtasks_root() / spec.tenant / spec.run_id / spec.cloud
         folder.mkdir(parents=True, exist_ok=True)

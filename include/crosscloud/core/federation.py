@@ -8,6 +8,7 @@ environment) that holds them.
 
 from __future__ import annotations
 
+import hashlib
 import os
 import re
 from pathlib import Path
@@ -402,15 +403,24 @@ def federation_path(path: str | os.PathLike | None = None) -> Path:
     return Path(path or os.environ.get("CROSSCLOUD_FEDERATION") or DEFAULT_FEDERATION).resolve()
 
 
-def load_federation(path: str | os.PathLike | None = None) -> Federation:
-    """Load and validate the federation file (see ``federation_path``)."""
+def read_federation(path: str | os.PathLike | None = None) -> tuple[Federation, str]:
+    """The federation file (see ``federation_path``), validated, and the sha256 of its bytes.
+
+    The digest is what a run is admitted with: every later stage, on whichever
+    host it runs, checks that it reads the same federation.
+    """
     path = federation_path(path)
     try:
-        text = path.read_text()
+        raw = path.read_bytes()
     except FileNotFoundError:
         raise FederationError(f"{path}: federation file not found (set CROSSCLOUD_FEDERATION or pass a path)") from None
     try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
+        data = yaml.safe_load(raw.decode())
+    except (yaml.YAMLError, UnicodeDecodeError) as exc:
         raise FederationError(f"{path}: not valid YAML: {exc}") from None
-    return parse_federation(data, str(path))
+    return parse_federation(data, str(path)), hashlib.sha256(raw).hexdigest()
+
+
+def load_federation(path: str | os.PathLike | None = None) -> Federation:
+    """Load and validate the federation file (see ``federation_path``)."""
+    return read_federation(path)[0]

@@ -13,6 +13,7 @@ moves the ``champion`` alias to the new version only when its loss is lower.
 from __future__ import annotations
 
 from crosscloud.core.federation import federation_path as resolve_federation_path
+from crosscloud.core.federation import read_federation
 from crosscloud.core.job import JobSpec
 from crosscloud.pipeline.stages import Log, RunRef, run_job
 from crosscloud.store.open_store import open_store
@@ -32,9 +33,10 @@ def retrain(spec: JobSpec, run_id: str, experiment: str, federation_path: str | 
     log(f"retraining {name} from {f'version {base.version}' if base else 'scratch (no registered version yet)'}")
     lineage = {"crosscloud.parent_model": f"{name}/{base.version}"} if base else {}
     path = str(resolve_federation_path(federation_path))
+    digest = read_federation(path)[1]  # what the later tasks, on any host, check theirs against
     summary = run_job(spec, run_id, path, experiment, log=log, compare_baseline=False, tags={**(tags or {}), **lineage},
                       init=init)
-    return {"run": RunRef(path, spec.tenant, run_id).to_dict(), "model": summary["model"],
+    return {"run": RunRef(path, spec.tenant, run_id, digest).to_dict(), "model": summary["model"],
             "final_eval_loss": summary["metrics"]["final_eval_loss"], "retrained_from": int(base.version) if base else None}
 
 

@@ -17,8 +17,10 @@ from collections.abc import Callable
 from crosscloud.artifacts.preheat import TransferReport, fetch_all
 from crosscloud.pipeline.inputs import RunInputs, load_job_program, materialize_inputs
 from crosscloud.backends import Handle, get_backend
-from crosscloud.core.federation import Federation, load_federation
+from crosscloud.core.federation import Federation, read_federation
 from crosscloud.core.federation import federation_path as resolve_federation_path
+from crosscloud.core.deployment import require_single_host
+from crosscloud.core.interrupt import terminate_as_interrupt
 from crosscloud.core.job import JobSpec
 from crosscloud.core.keys import manifest_key, validate_name
 from crosscloud.core.presets import preset
@@ -26,7 +28,7 @@ from crosscloud.pool.admission import Admission, NotAdmitted, admit, preflight
 from crosscloud.ledger import Ledger
 from crosscloud.pool.partition import partition
 from crosscloud.pool.placement import PlacementError
-from crosscloud.run import baseline
+from crosscloud.run import baseline, lease
 from crosscloud.run.history import load_history
 from crosscloud.run.plan import Candidate, Plan
 from crosscloud.store.base import StoreError
@@ -39,7 +41,7 @@ from crosscloud.tracking import plots, registry
 from crosscloud.tracking.mlflow_runs import Tracker
 from crosscloud.tracking.run_report import load_run
 from crosscloud.training.exchange.cloud import PARAMS
-from crosscloud.pipeline.subtasks import dispatch_stage, stop_run, watcher
+from crosscloud.pipeline.subtasks import dispatch_stage, run_handles, stop_run, watcher
 from crosscloud.run.ref import RunRef
 
 Log = Callable[[str], None]
@@ -66,18 +68,22 @@ def _check_runnable(fed: Federation, spec: JobSpec, family: str) -> None:
         raise PlacementError(f"dataset {ds.name} is resident in {ds.residency}; its held-out part cannot be evaluated on {fed.local_cloud.name}")
     preflight(fed, spec, family)
     usable = spec.clouds or [c for c, n in fed.tenant(spec.tenant).quotas.items() if n > 0]
+    for name in usable:
+        if fed.cloud(name).access.method == "local":
+            require_single_host(f"cloud {name}'s access method local (sub-tasks as processes of the host that "
+                                "dispatches them)", "reach the cloud by ssh or kubernetes (docs/federation.md)")
     require_credentials([fed.cloud(n) for n in sorted({ds.home, fed.local_cloud.name, *usable})], spec.tenant)
 
 
-def _new_plan(fed: Federation, federation_path: str, spec: JobSpec, run_id: str, admission: Admission,
-              inputs: RunInputs) -> Plan:
+def _new_plan(fed: Federation, ref: RunRef, spec: JobSpec, admission: Admission, inputs: RunInputs) -> Plan:
     """The plan of an admitted run: each cloud's share and shards, the candidates placement weighed, the inputs."""
     cfg = preset(spec.model_size)
     return Plan(
         tenant=spec.tenant,
-        run_id=run_id,
+        run_id=ref.run_id,
         federation=fed.name,
-        federation_path=federation_path,
+        federation_path=ref.federation_path,
+        federation_sha256=ref.federation_sha256,
         job=spec,
         model=cfg,
         outer=spec.outer,
@@ -118,7 +124,8 @@ def admit_stage(
     """
     validate_name(run_id, "run id")
     federation_path = str(resolve_federation_path(federation_path))
-    fed = load_federation(federation_path)
+    fed, digest = read_federation(federation_path)
+    ref = RunRef(federation_path, spec.tenant, run_id, digest)
     program = load_job_program(spec)
     spec = dataclasses.replace(spec, dataset=spec.dataset or program.dataset)
     _check_runnable(fed, spec, program.family)
@@ -127,11 +134,11 @@ def admit_stage(
     data_bytes, data_at = sum(r.size for r in inputs.shards), _holders(fed, spec.tenant, inputs.shards)
     admission = admit(fed, spec, run_id, program.family, data_bytes, data_at, ledger)
     try:
-        _write_plan(fed, _new_plan(fed, federation_path, spec, run_id, admission, inputs), experiment, tags)
+        _write_plan(fed, _new_plan(fed, ref, spec, admission, inputs), experiment, tags)
     except BaseException:
         ledger.release(spec.tenant, run_id)  # a run that never got its plan holds no devices
         raise
-    return RunRef(federation_path, spec.tenant, run_id)
+    return ref
 
 
 def release_stage(ref: RunRef) -> int:
@@ -146,6 +153,11 @@ def preheat_stage(ref: RunRef) -> dict:
     local cloud, or a cloud preheated before), only those the target lacks.
     """
     fed, plan = ref.load()
+    with lease.held(plan.tenant, plan.run_id):  # a large model's preheat may outlast the lease
+        return _preheat(fed, plan)
+
+
+def _preheat(fed: Federation, plan: Plan) -> dict:
     report = TransferReport()
     home = open_store(fed.local_cloud, plan.tenant)
     stores = {c.name: store_seen_from(fed, c.name, fed.local_cloud.name, plan.tenant) for c in plan.clouds}
@@ -365,6 +377,12 @@ def aggregate_stage(ref: RunRef, handles: list[Handle], experiment: str | None =
                     compare_baseline: bool = True) -> dict:
     """Final model and evaluation, whole-run metrics, the baseline gap; closes the MLflow runs."""
     fed, plan = ref.load()
+    with lease.held(plan.tenant, plan.run_id, log):
+        return _aggregate(ref, fed, plan, handles, experiment, log, compare_baseline)
+
+
+def _aggregate(ref: RunRef, fed: Federation, plan: Plan, handles: list[Handle], experiment: str | None, log: Log,
+               compare_baseline: bool) -> dict:
     home = open_store(fed.local_cloud, plan.tenant)
     history, final = _final_model(ref, plan, home, handles)
     evals = _eval_losses(plan, home, log)
@@ -384,20 +402,26 @@ def aggregate_stage(ref: RunRef, handles: list[Handle], experiment: str | None =
 def run_job(spec: JobSpec, run_id: str, federation_path: str | None = None, experiment: str | None = None,
             log: Log = print, compare_baseline: bool = True, tags: dict[str, str] | None = None,
             init: bytes | None = None) -> dict:
-    """All stages in this process, through the engine backends: for benchmarks, calibration and retraining."""
-    ref = admit_stage(spec, run_id, federation_path, experiment, tags={"crosscloud.launcher": "engine", **(tags or {})},
-                      init=init)
-    preheat_stage(ref)
-    _, plan = ref.load()
-    try:
-        handles = [dispatch_stage(ref, c.name) for c in plan.clouds]
+    """All stages in this process, through the engine backends: for benchmarks, calibration and retraining.
+
+    However it ends - an error, Ctrl-C, SIGTERM - its sub-tasks are stopped and its devices given back.
+    """
+    with terminate_as_interrupt():
+        ref = admit_stage(spec, run_id, federation_path, experiment,
+                          tags={"crosscloud.launcher": "engine", **(tags or {})}, init=init)
+        handles: list[Handle] = []
         try:
-            sync_stage(ref, handles, log)
-        except BaseException:  # nothing watches any more: stop the sub-tasks (the DAG's cleanup does it there)
-            stop_run(ref, handles)
-            if plan.tracking:
-                Tracker().fail(plan)
-            raise
-        return aggregate_stage(ref, handles, experiment, log, compare_baseline)
-    finally:
-        release_stage(ref)
+            preheat_stage(ref)
+            _, plan = ref.load()
+            try:
+                for c in plan.clouds:
+                    handles.append(dispatch_stage(ref, c.name))
+                sync_stage(ref, handles, log)
+            except BaseException:  # nothing watches any more: stop the sub-tasks (the DAG's cleanup does it there)
+                stop_run(ref, handles + [h for h in run_handles(ref) if h not in handles])
+                if plan.tracking:
+                    Tracker().fail(plan)
+                raise
+            return aggregate_stage(ref, handles, experiment, log, compare_baseline)
+        finally:
+            release_stage(ref)

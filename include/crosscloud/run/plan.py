@@ -65,6 +65,7 @@ class Plan(_Model):
     run_id: str
     federation: str
     federation_path: str
+    federation_sha256: str = ""  # the admitted federation file's digest; every stage checks its own against it
     job: JobSpec
     model: ModelConfig
     outer: OuterConfig

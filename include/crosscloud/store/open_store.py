@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from crosscloud.core.deployment import require_single_host
 from crosscloud.core.federation import Cloud
 from crosscloud.core.paths import state_dir
 from crosscloud.store.base import LocalStore, ObjectStore, StoreError, TenantStore
@@ -19,6 +20,9 @@ def open_store(cloud: Cloud, tenant: str | None = None) -> ObjectStore:
     url = cloud.store.url
     if url.startswith("file://"):
         path = Path(url.removeprefix("file://"))
+        if not path.is_absolute():
+            require_single_host(f"cloud {cloud.name}'s store {url} (a folder in this host's state folder)",
+                                "use an S3 store, or an absolute path on a filesystem every host mounts")
         store: ObjectStore = LocalStore(path if path.is_absolute() else state_dir() / path, cloud=cloud.name)
     elif url.startswith("s3://"):
         from crosscloud.store.s3 import S3Store  # boto3 stays out of DAG parse time

@@ -12,6 +12,7 @@ import json
 import os
 import time
 
+from crosscloud.core.deployment import require_single_host
 from crosscloud.core.paths import state_dir
 from crosscloud.run.baseline import baseline_key
 
@@ -19,11 +20,21 @@ TAG = "crosscloud"
 
 
 def tracking_uri() -> str:
-    return os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite:///{state_dir() / 'mlflow.db'}"
+    """``MLFLOW_TRACKING_URI``; on one host, a SQLite file in the state folder by default."""
+    if uri := os.environ.get("MLFLOW_TRACKING_URI"):
+        return uri
+    require_single_host("MLflow's default database (a SQLite file in this host's state folder)",
+                        "set MLFLOW_TRACKING_URI to a tracking server or database every host reaches")
+    return f"sqlite:///{state_dir() / 'mlflow.db'}"
 
 
 def artifact_root() -> str:
-    return os.environ.get("CROSSCLOUD_MLFLOW_ARTIFACTS") or (state_dir() / "mlartifacts").as_uri()
+    """Where new experiments keep artifacts: ``CROSSCLOUD_MLFLOW_ARTIFACTS``; on one host, the state folder."""
+    if root := os.environ.get("CROSSCLOUD_MLFLOW_ARTIFACTS"):
+        return root
+    require_single_host("MLflow artifacts in this host's state folder",
+                        "set CROSSCLOUD_MLFLOW_ARTIFACTS to an s3:// or mlflow-artifacts:/ location every host reaches")
+    return (state_dir() / "mlartifacts").as_uri()
 
 
 class Tracker:

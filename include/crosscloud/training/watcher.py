@@ -21,6 +21,7 @@ from crosscloud.backends import Backend, Handle, get_backend
 from crosscloud.backends.base import PROGRAM_FAILED, STOPPED
 from crosscloud.ledger import Ledger
 from crosscloud.run.history import load_history, save_history
+from crosscloud.run.lease import Lease
 from crosscloud.run.plan import Plan
 from crosscloud.store.base import ObjectNotFound, ObjectStore, StoreError
 from crosscloud.store.commit import read_commit
@@ -43,6 +44,7 @@ class Watcher:
         self.plan, self.stores, self.log, self.restart = plan, stores, log, restart
         self.home = stores[plan.coordinator_cloud]
         self.ledger = ledger
+        self.lease = Lease(plan.tenant, plan.run_id, ledger, log) if ledger is not None else None
         self.notes = read_watch(self.home, plan)  # what a watcher before this one knew
         self.notes.setdefault("handles", {h["cloud"]: h for h in handles})
         for key in ("lost", "restarted_at", "ended", "log_offsets"):
@@ -70,7 +72,12 @@ class Watcher:
         return found
 
     def peek(self) -> str | None:
-        """Why ``act`` should run now (a round decided, a sub-task ended, a cloud draining), or None: reads only."""
+        """Why ``act`` should run now (a round decided, a sub-task ended, a cloud draining), or None.
+
+        It reads the run only; it renews the run's lease, since a watch polling is a run alive.
+        """
+        if self.lease is not None:
+            self.lease.renew()
         if self.done:
             return "done"
         if self._record(len(self.history)) is not None:  # decided, its global made, evaluated where due
@@ -85,6 +92,8 @@ class Watcher:
 
     def act(self, on_round: Callable[[dict], None] | None = None) -> list[dict]:
         """Restart or give up dead sub-tasks, note draining clouds, record every decided round; the new records."""
+        if self.lease is not None:
+            self.lease.renew()
         changed = self._see_to_ended()
         if self.ledger is not None and sorted(draining := self._draining()) != sorted(self.notes["draining"]):
             self.notes["draining"], changed = sorted(draining), True
