@@ -17,7 +17,7 @@ import pytest
 import sqlalchemy as sa
 
 from crosscloud.core import deployment
-from crosscloud.ledger import Ledger, url
+from crosscloud.ledger import Ledger, engine, url
 from crosscloud.ledger.engine import LEDGER_LOCK
 from crosscloud.ledger.schema import VERSION_TABLE
 
@@ -59,6 +59,17 @@ def test_an_admission_waits_for_the_ledger_lock(postgres):
     admitting.join(10)
     assert decided.is_set() and [r.run_id for r in ledger.active()] == ["r"]
     holder.close()
+
+
+def test_a_connection_the_server_dropped_is_replaced_once_it_sat_idle(postgres, monkeypatch):
+    """A server restart (here: every connection of the ledger's ends) costs no ledger call of a long-lived worker."""
+    ledger = Ledger(_fresh(postgres))
+    assert ledger.active() == []  # a pooled connection now
+    with sa.create_engine(postgres.url()).connect() as admin:
+        admin.exec_driver_sql("SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                              f"WHERE datname = '{ledger.url.database}' AND pid <> pg_backend_pid()")
+    monkeypatch.setattr(engine, "PING_AFTER_IDLE_S", 0.0)
+    assert ledger.active() == []
 
 
 def _in_child(ledger: Ledger, results) -> None:

@@ -5,11 +5,13 @@ issues ``BEGIN`` itself (SQLAlchemy's documented recipe), so a write
 transaction can be ``BEGIN IMMEDIATE``: it takes the file's write lock before
 it reads, and a second admission waits (up to ``timeout`` 60 s) instead of
 deciding on the same usage. The file is in WAL mode, so reads (the
-inventory, the UI) neither wait for the writer nor hold up its commit. PostgreSQL: each write transaction that decides
-on usage first takes one transaction-scoped advisory lock for the whole
-ledger (``pg_advisory_xact_lock``), so admissions, releases, renewals and the
-reaper run one at a time while reads go on; advisory locks are per database,
-so two ledgers in two databases do not wait for each other.
+inventory, the UI) neither wait for the writer nor hold up its commit.
+
+PostgreSQL: each write transaction that decides on usage first takes one
+transaction-scoped advisory lock for the whole ledger
+(``pg_advisory_xact_lock``), so admissions, releases, renewals and the reaper
+run one at a time while reads go on; advisory locks are per database, so two
+ledgers in two databases do not wait for each other.
 
 Airflow's LocalExecutor and Celery fork workers: a child must never use the
 parent's pooled connections (both would talk over one socket), so after a
@@ -20,6 +22,7 @@ from __future__ import annotations
 
 import os
 import threading
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -31,6 +34,7 @@ from sqlalchemy.engine import URL, Connection, Engine
 LEDGER_LOCK = 0x63636C6564676572
 MIGRATE_LOCK = LEDGER_LOCK + 1
 SQLITE_TIMEOUT_S = 60
+PING_AFTER_IDLE_S = 10.0  # a pooled server connection idle this long is pinged before use
 _WRITE = "crosscloud_write"  # execution option: this transaction writes (SQLite: BEGIN IMMEDIATE)
 
 _engines: dict[str, Engine] = {}
@@ -54,6 +58,28 @@ def _sqlite_engine(url: URL) -> Engine:
     return engine
 
 
+def _server_engine(url: URL) -> Engine:
+    """A database server's engine. A pooled connection that sat idle is pinged before use (the server may have
+    restarted meanwhile; a dead one is replaced); one given back a moment ago is not, which spares each
+    admission a round trip per connection it takes (SQLAlchemy's ``pool_pre_ping`` pings every time)."""
+    engine = sa.create_engine(url)
+
+    @sa.event.listens_for(engine, "checkin")
+    def _idle_from(_dbapi_connection, record) -> None:
+        record.info["idle_since"] = time.monotonic()
+
+    @sa.event.listens_for(engine, "checkout")
+    def _ping_if_idle(dbapi_connection, record, _proxy) -> None:
+        if time.monotonic() - record.info.get("idle_since", time.monotonic()) < PING_AFTER_IDLE_S:
+            return
+        try:
+            engine.dialect.do_ping(dbapi_connection)
+        except Exception as exc:
+            raise sa.exc.DisconnectionError(f"the ledger's database did not answer a ping: {exc}") from exc
+
+    return engine
+
+
 def engine_for(url: URL) -> Engine:
     """The process's engine for ``url``, made on first use."""
     key = url.render_as_string(hide_password=False)
@@ -62,7 +88,7 @@ def engine_for(url: URL) -> Engine:
             if url.get_backend_name() == "sqlite":
                 _engines[key] = _sqlite_engine(url)
             else:
-                _engines[key] = sa.create_engine(url, pool_pre_ping=True)
+                _engines[key] = _server_engine(url)
         return _engines[key]
 
 
@@ -74,17 +100,26 @@ def is_postgres(engine: Engine) -> bool:
 def write(engine: Engine, lock: bool = True, durable: bool = True) -> Iterator[Connection]:
     """A write transaction; with ``lock``, one at a time for the whole ledger (see the module docstring).
 
-    ``durable=False`` (PostgreSQL): the commit returns before its WAL reaches
-    the disk, so the lock is not held through the flush. Only for what the
-    leases repair if a server crash loses it: a release or a renewal.
+    PostgreSQL: a locked transaction's commit does not wait for the disk, so
+    the lock, which every other admission queues for, is not held through the
+    flush; with ``durable`` a second, empty transaction then waits for the
+    flush of the WAL up to its own commit, and so past this one (concurrent
+    admissions share one flush). What another admission decided on is never
+    on disk later than its own decision. ``durable=False`` skips that wait:
+    only for what the leases repair if a server crash loses it, a release or
+    a renewal.
     """
+    postgres = is_postgres(engine)
     with engine.connect() as conn:
         conn.execution_options(**{_WRITE: True})
         with conn.begin():
-            if is_postgres(engine) and (lock or not durable):
-                sync = "" if durable else "set_config('synchronous_commit', 'off', true), "
-                conn.exec_driver_sql(f"SELECT {sync}{f'pg_advisory_xact_lock({LEDGER_LOCK})' if lock else 1}")
+            if postgres and (lock or not durable):
+                exclusive = f", pg_advisory_xact_lock({LEDGER_LOCK})" if lock else ""
+                conn.exec_driver_sql(f"SELECT set_config('synchronous_commit', 'off', true){exclusive}")
             yield conn
+        if postgres and lock and durable:  # a transaction of one statement: its commit record, flushed
+            conn.execution_options(isolation_level="AUTOCOMMIT")
+            conn.exec_driver_sql("SELECT txid_current()")
 
 
 @contextmanager
