@@ -98,9 +98,17 @@ def _pool_rows(inv, holding: dict[str, set[str]]) -> list[list[str]]:
 def _recent_runs(fed, shown: list[str]) -> list[list[str]]:
     from crosscloud.tracking.run_report import list_runs, load_run
 
+    from crosscloud.store.base import StoreError
+    from crosscloud.store.credentials import CredentialsError
+
     recent = []
     for tenant in shown:
-        for _, run_id in list_runs(fed, tenant)[:RECENT_RUNS]:
+        try:
+            runs = list_runs(fed, tenant)[:RECENT_RUNS]
+        except (StoreError, CredentialsError) as exc:  # one tenant's store out of reach: the page still shows the rest
+            recent.append([f"<span class='bad'>cannot list: {escape(str(exc))}</span>", escape(tenant), *[""] * 6])
+            continue
+        for _, run_id in runs:
             v = load_run(fed, tenant, run_id)
             m = v.metrics
             recent.append([f"<a href='runs/{TRAINING_DAG}/{quote(run_id, safe='')}'>{escape(run_id)}</a>", escape(tenant), escape(v.mode),
@@ -118,10 +126,15 @@ def _viewer(user, shown: list[str], note: str) -> str:
 
 
 def _sources():
-    """The federation and the reservation ledger, read afresh for each request."""
+    """The federation and the reservation ledger, read afresh for each request.
+
+    Stores and the ledger are reached as the tasks reach them: through Airflow Connections.
+    """
     from crosscloud.core.federation import load_federation
     from crosscloud.ledger import Ledger
+    from crosscloud_airflow.connections import use_airflow_connections
 
+    use_airflow_connections()
     return load_federation(), Ledger()
 
 
@@ -176,10 +189,9 @@ def _timeline(view) -> str:
 
 
 def _run_view(user, dag_id: str, run_id: str) -> str:
-    from crosscloud.core.federation import load_federation
     from crosscloud.tracking.run_report import find_tenant, load_run
 
-    fed = load_federation()
+    fed, _ = _sources()
     tenant = find_tenant(fed, run_id)
     if tenant is None:
         raise HTTPException(404, f"DAG run {run_id} of {dag_id} has no crosscloud plan (it was not admitted, or is not a training run)")
