@@ -18,6 +18,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import httpx
@@ -32,7 +33,72 @@ def unavailable(message: str) -> None:
     pytest.skip(message)
 
 
-class AirflowStandalone:
+class AirflowAPI:
+    """Airflow's REST API as a signed-in user: what the tests of a standalone Airflow and of a Celery deployment share.
+
+    A subclass sets ``url``, ``passwords`` (user -> password) and ``log`` (where to look when something fails).
+    """
+
+    url: str
+    passwords: dict[str, str]
+    log: Path
+    _tokens: dict[str, str]
+
+    def serving(self, timeout_s: float, dead: Callable[[], str | None]) -> None:
+        """Wait until the api-server answers its health check; ``dead()`` names a process that exited, if one did."""
+        deadline = time.time() + timeout_s
+        while time.time() < deadline:
+            if gone := dead():
+                unavailable(f"{gone} exited before {self.url} served; see {self.log}")
+            try:
+                if httpx.get(f"{self.url}/api/v2/monitor/health", timeout=2).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                pass
+            time.sleep(1)
+        unavailable(f"the api-server did not serve {self.url} within {timeout_s:.0f} s; see {self.log}")
+
+    def token(self, user: str = "admin") -> str:
+        if user not in self._tokens:
+            r = httpx.post(f"{self.url}/auth/token", json={"username": user, "password": self.passwords[user]}, timeout=30)
+            r.raise_for_status()
+            self._tokens[user] = r.json()["access_token"]
+        return self._tokens[user]
+
+    def api(self, method: str, path: str, **kwargs) -> httpx.Response:
+        return httpx.request(method, f"{self.url}/api/v2{path}", headers={"Authorization": f"Bearer {self.token()}"},
+                             timeout=30, **kwargs)
+
+    def trigger(self, dag_id: str, conf: dict, timeout_s: float = 300.0) -> str:
+        """Unpause ``dag_id`` once the dag-processor has it (the other DAGs stay paused), trigger it; the run's id."""
+        deadline = time.time() + timeout_s
+        while self.api("GET", f"/dags/{dag_id}").status_code != 200:
+            if time.time() > deadline:
+                raise AssertionError(f"DAG {dag_id} never appeared; see {self.log}")
+            time.sleep(2)
+        self.api("PATCH", f"/dags/{dag_id}", json={"is_paused": False}).raise_for_status()
+        r = self.api("POST", f"/dags/{dag_id}/dagRuns", json={"logical_date": None, "conf": conf})
+        r.raise_for_status()
+        return r.json()["dag_run_id"]
+
+    def wait(self, dag_id: str, run_id: str, timeout_s: float = 900.0) -> dict:
+        """The run once it has ended (success or failed)."""
+        deadline = time.time() + timeout_s
+        while time.time() < deadline:
+            run = self.api("GET", f"/dags/{dag_id}/dagRuns/{run_id}").json()
+            if run["state"] in ("success", "failed"):
+                return run
+            time.sleep(3)
+        raise AssertionError(f"run {run_id} of {dag_id} did not end within {timeout_s:.0f} s; see {self.log}")
+
+    def run_dag(self, dag_id: str, conf: dict, timeout_s: float = 900.0) -> dict:
+        """Trigger ``dag_id`` and wait for the run's end."""
+        started = time.time()
+        run_id = self.trigger(dag_id, conf, timeout_s)
+        return self.wait(dag_id, run_id, timeout_s - (time.time() - started))
+
+
+class AirflowStandalone(AirflowAPI):
     def __init__(self, root: Path, users: dict[str, str] | None = None, teams: tuple[str, ...] = ()):
         """``users``: name -> what follows the name in ``simple_auth_manager_users`` ("viewer:team-a");
         ``admin`` (an Admin) is always one of them."""
@@ -87,15 +153,7 @@ class AirflowStandalone:
         with open(self.log, "wb") as log:
             self.proc = subprocess.Popen([airflow, "standalone"], env=self.env(), stdout=log, stderr=subprocess.STDOUT,
                                          start_new_session=True)
-        deadline = time.time() + timeout_s
-        while time.time() < deadline and self.proc.poll() is None:
-            try:
-                if httpx.get(f"{self.url}/api/v2/monitor/health", timeout=2).status_code == 200:
-                    return
-            except httpx.HTTPError:
-                pass
-            time.sleep(1)
-        unavailable(f"airflow standalone did not serve {self.url} within {timeout_s:.0f} s; see {self.log}")
+        self.serving(timeout_s, lambda: "airflow standalone" if self.proc.poll() is not None else None)
 
     def stop(self) -> None:
         if self.proc and self.proc.poll() is None:
@@ -105,32 +163,3 @@ class AirflowStandalone:
             except subprocess.TimeoutExpired:
                 os.killpg(self.proc.pid, signal.SIGKILL)
                 self.proc.wait()
-
-    def token(self, user: str = "admin") -> str:
-        if user not in self._tokens:
-            r = httpx.post(f"{self.url}/auth/token", json={"username": user, "password": self.passwords[user]}, timeout=30)
-            r.raise_for_status()
-            self._tokens[user] = r.json()["access_token"]
-        return self._tokens[user]
-
-    def api(self, method: str, path: str, **kwargs) -> httpx.Response:
-        return httpx.request(method, f"{self.url}/api/v2{path}", headers={"Authorization": f"Bearer {self.token()}"},
-                             timeout=30, **kwargs)
-
-    def run_dag(self, dag_id: str, conf: dict, timeout_s: float = 900.0) -> dict:
-        """Unpause ``dag_id`` once the dag-processor has it (the other DAGs stay paused), trigger it, wait for the end."""
-        deadline = time.time() + timeout_s
-        while self.api("GET", f"/dags/{dag_id}").status_code != 200:
-            if time.time() > deadline:
-                raise AssertionError(f"DAG {dag_id} never appeared; see {self.log}")
-            time.sleep(2)
-        self.api("PATCH", f"/dags/{dag_id}", json={"is_paused": False}).raise_for_status()
-        r = self.api("POST", f"/dags/{dag_id}/dagRuns", json={"logical_date": None, "conf": conf})
-        r.raise_for_status()
-        run_id = r.json()["dag_run_id"]
-        while time.time() < deadline:
-            run = self.api("GET", f"/dags/{dag_id}/dagRuns/{run_id}").json()
-            if run["state"] in ("success", "failed"):
-                return run
-            time.sleep(3)
-        raise AssertionError(f"run {run_id} of {dag_id} did not end within {timeout_s:.0f} s; see {self.log}")

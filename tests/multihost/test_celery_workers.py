@@ -1,0 +1,146 @@
+"""``cross_cloud_training`` on a real multi-host Airflow: the CeleryExecutor with Redis and PostgreSQL, two workers.
+
+Each worker stands for a host: its own ``AIRFLOW_HOME``, state folder and
+name. The clouds are reached as a multi-host deployment must reach them: ssh
+(the tests' real sshd) and S3 stores (moto servers); the ledger is a
+PostgreSQL database of its own. A cloud is drained from a third "host" (an
+operator's shell) before the run; a worker is killed, with every process it
+started, while it runs a task of the run.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+
+import httpx
+import pytest
+from celerydeployment import CeleryDeployment
+from redisserver import RedisServer
+
+from crosscloud.core.federation import load_federation
+from crosscloud.ledger import Ledger
+from crosscloud.run.plan import Plan
+from crosscloud.store.open_store import open_store
+
+pytestmark = [pytest.mark.multihost, pytest.mark.e2e, pytest.mark.slow, pytest.mark.ssh, pytest.mark.s3]
+
+DAG_ID = "cross_cloud_training"
+CONF = {"rounds": 2, "inner_steps": 8, "model_size": "tiny", "global_batch": 12, "seed": 7}
+DRAINED = "shanghai"
+WORKERS = ("host-a", "host-b")
+
+
+def _federation(tmp_path_factory, s3_servers, ssh_server) -> tuple[object, dict[str, str]]:
+    """The embedded federation with every cloud behind ssh and an S3 store; the Connections it names, as env."""
+    from federations import embedded_file
+
+    hosts = tmp_path_factory.mktemp("cloud-hosts")
+    conns = {}
+
+    def multi_host(raw: dict) -> None:
+        for cloud in raw["clouds"]:
+            name = cloud["name"]
+            server = s3_servers[name]
+            cloud["store"] = {"url": f"s3://crosscloud/multihost/{name}", "endpoint_url": server.endpoint,
+                              "region": "us-east-1", "addressing_style": "path", "connection_id": f"s3_{name}_{{tenant}}"}
+            cloud["access"] = {"method": "ssh", "connection_id": f"ssh_{name}", "workdir": str(hosts / name),
+                               "python": sys.executable,
+                               "env": {"CROSSCLOUD_STATE_DIR": str(hosts / name / "state"), "OMP_NUM_THREADS": "1",
+                                       "CROSSCLOUD_DATA_DIR": os.environ["CROSSCLOUD_DATA_DIR"]}}
+            conns[f"AIRFLOW_CONN_SSH_{name.upper()}"] = json.dumps(
+                {"conn_type": "ssh", "host": "127.0.0.1", "port": ssh_server.port, "login": ssh_server.user,
+                 "extra": {"key_file": str(ssh_server.key_file), "host_key": ssh_server.host_key}})
+            conns[f"AIRFLOW_CONN_S3_{name.upper()}_TEAM-A"] = json.dumps(
+                {"conn_type": "aws", "login": f"key-{name}", "password": f"secret-{name}"})
+
+    path = embedded_file(tmp_path_factory.mktemp("multihost-fed") / "federation.yaml", multi_host)
+    return path, conns
+
+
+@pytest.fixture(scope="module")
+def deployment(tmp_path_factory, postgres, s3_servers, ssh_server):
+    redis = RedisServer(tmp_path_factory.mktemp("redis"))
+    redis.start()
+    fed_path, conns = _federation(tmp_path_factory, s3_servers, ssh_server)
+    root = tmp_path_factory.mktemp("celery")
+    env = {"CROSSCLOUD_LEDGER_URL": postgres.create_database("ledger_multihost"),
+           "MLFLOW_TRACKING_URI": postgres.create_database("mlflow_multihost"),
+           "CROSSCLOUD_MLFLOW_ARTIFACTS": (root / "mlartifacts").as_uri(),
+           "CROSSCLOUD_FEDERATION": str(fed_path), **conns}
+    cluster = CeleryDeployment(root, postgres.create_database("airflow_multihost"), redis.url, env)
+    try:
+        cluster.start()
+        for host in WORKERS:
+            cluster.start_worker(host)
+        yield cluster, fed_path
+    finally:
+        cluster.stop()
+        redis.stop()
+
+
+def _crosscloud(cluster: CeleryDeployment, host: str, *args: str) -> str:
+    done = subprocess.run([str(sys.executable), "-m", "crosscloud.cli", *args], env=cluster.host_env(host),
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    return done.stdout
+
+
+def _kill_a_worker_mid_task(cluster: CeleryDeployment, run_id: str, timeout_s: float = 600) -> tuple[str, list[str]]:
+    """Kill the first worker seen running a task of the run; the host and the tasks it was running."""
+    deadline = time.time() + timeout_s
+    while time.time() < deadline:
+        running = [t for t in cluster.task_instances(DAG_ID, run_id) if t["state"] == "running" and t["hostname"] in WORKERS]
+        if running:
+            host = running[0]["hostname"]
+            cluster.kill(host)
+            return host, [(t["task_id"], t["map_index"]) for t in running if t["hostname"] == host]
+        if cluster.run_state(DAG_ID, run_id) in ("success", "failed"):
+            break
+        time.sleep(0.2)
+    raise AssertionError(f"no task of run {run_id} was seen running on a worker; see {cluster.root}")
+
+
+def _page_shows_reservation(cluster: CeleryDeployment, ledger: Ledger, run_id: str, timeout_s: float = 300) -> None:
+    """The api-server's crosscloud page lists the run's reservation, which a worker on another host made."""
+    deadline = time.time() + timeout_s
+    while not ledger.active(run_id=run_id):
+        assert time.time() < deadline, f"run {run_id} never held a reservation"
+        time.sleep(0.5)
+    page = httpx.get(f"{cluster.url}/crosscloud/", headers={"Authorization": f"Bearer {cluster.token()}"}, timeout=30)
+    assert page.status_code == 200 and run_id in page.text
+
+
+def test_a_run_survives_a_dead_worker_and_sees_a_drain_from_another_host(deployment, monkeypatch):
+    cluster, fed_path = deployment
+    for name in ("beijing", "shanghai", "singapore"):  # this process reads the home store as the tenant
+        monkeypatch.setenv(f"CROSSCLOUD_{name.upper()}_TEAM_A_ACCESS_KEY_ID", f"key-{name}")
+        monkeypatch.setenv(f"CROSSCLOUD_{name.upper()}_TEAM_A_SECRET_ACCESS_KEY", f"secret-{name}")
+    ledger = Ledger(cluster.shared["CROSSCLOUD_LEDGER_URL"])
+    _crosscloud(cluster, "operator", "cloud", "drain", DRAINED)  # an operator's shell: its own state folder
+    try:
+        run_id = cluster.trigger(DAG_ID, CONF)
+        killed, was_running = _kill_a_worker_mid_task(cluster, run_id)
+        _page_shows_reservation(cluster, ledger, run_id)
+        state = cluster.wait(DAG_ID, run_id, timeout_s=1200)["state"]
+    finally:
+        _crosscloud(cluster, "operator", "cloud", "activate", DRAINED)
+    assert state == "success", f"run {run_id} {state}; see {cluster.root}"
+    survivor = next(h for h in WORKERS if h != killed)
+    tries = {(t["task_id"], t["map_index"]): cluster.tries(DAG_ID, run_id, t["task_id"], t["map_index"])
+             for t in cluster.task_instances(DAG_ID, run_id) if t["state"] not in ("skipped", "removed")}
+    # tasks ran on both hosts; what the dead worker was running was tried again on the other, and succeeded
+    assert {tr["hostname"] for ts in tries.values() for tr in ts} >= set(WORKERS)
+    retried = [key for key in was_running if any(tr["hostname"] == survivor for tr in tries[key][1:])]
+    assert retried, f"none of {was_running} (killed on {killed}) was tried again on {survivor}: {tries}"
+    # the drain, issued from a third host, reached the placement made on a worker
+    fed = load_federation(fed_path)
+    plan = Plan.load(open_store(fed.local_cloud, "team-a"), "team-a", run_id)
+    assert DRAINED not in [c.name for c in plan.clouds] and len(plan.clouds) == 2
+    assert tries[("admit", -1)][-1]["hostname"] in WORKERS
+    # every device the run reserved was given back, whichever host's cleanup did it
+    assert ledger.active(run_id=run_id) == []
+    assert any(e.run_id == run_id and e.kind == "released" for e in ledger.events(run_id=run_id))
