@@ -120,9 +120,9 @@ def oversubscribed(where: str, fed: Federation) -> int:
     tenants: dict[tuple[str, str], int] = {}
     over = 0
     for _at, _order, tenant, cloud, accelerator, delta in sorted(changes):
-        pools[(cloud, accelerator)] = pools.get((cloud, accelerator), 0) + delta
-        tenants[(tenant, cloud)] = tenants.get((tenant, cloud), 0) + delta
-        if pools[(cloud, accelerator)] > capacity[(cloud, accelerator)] or tenants[(tenant, cloud)] > quota.get((tenant, cloud), 0):
+        pool, share = (cloud, accelerator), (tenant, cloud)
+        pools[pool], tenants[share] = pools.get(pool, 0) + delta, tenants.get(share, 0) + delta
+        if pools[pool] > capacity[pool] or tenants[share] > quota.get(share, 0):
             over += 1
     return over
 

@@ -51,7 +51,8 @@ class PostgresServer:
     def _run(self, *args: str) -> subprocess.CompletedProcess:
         done = subprocess.run([*self._as, *args], capture_output=True, text=True, cwd=tempfile.gettempdir())
         if done.returncode != 0:
-            raise PostgresUnavailable(f"{Path(args[0]).name} exited with {done.returncode}: {(done.stderr or done.stdout)[-800:]}")
+            output = (done.stderr or done.stdout)[-800:]
+            raise PostgresUnavailable(f"{Path(args[0]).name} exited with {done.returncode}: {output}")
         return done
 
     def _own_folder(self) -> Path:

@@ -206,6 +206,7 @@ def test_which_database_one_url_says(choosing, tmp_path):
     choosing.setenv("CROSSCLOUD_LEDGER_URL", "postgresql://cc@elsewhere/ledger")
     assert ledger_url().host == "elsewhere"  # the environment wins over the Connection
     assert ledger_url(tmp_path / "given.sqlite").database == str(tmp_path / "given.sqlite")  # a path: SQLite there
+    assert ledger_url(ledger_url()) == ledger_url()  # a URL object as it is
     set_url_provider(lambda: None)
     choosing.delenv("CROSSCLOUD_LEDGER_URL")
     assert ledger_url().get_backend_name() == "sqlite"

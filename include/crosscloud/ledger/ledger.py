@@ -24,7 +24,7 @@ from pathlib import Path
 
 import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql, sqlite
-from sqlalchemy.engine import Connection
+from sqlalchemy.engine import URL, Connection
 
 from crosscloud.ledger import engine as backend
 from crosscloud.ledger import migrate
@@ -67,7 +67,7 @@ def _check(tenant: str, asked: dict[tuple[str, str], int], usage: Usage, capacit
 class Ledger:
     """The ledger at ``path_or_url`` (a SQLite file's path, or a SQLAlchemy URL); see ``crosscloud.ledger.url``."""
 
-    def __init__(self, path_or_url: str | os.PathLike | None = None):
+    def __init__(self, path_or_url: str | URL | os.PathLike | None = None):
         self.url = ledger_url(path_or_url)
         self.path = Path(self.url.database) if self.url.get_backend_name() == "sqlite" and self.url.database else None
         self.engine = backend.engine_for(self.url)

@@ -12,16 +12,16 @@ from __future__ import annotations
 import os
 import threading
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import sqlalchemy as sa
-from alembic import command
-from alembic.config import Config
-from alembic.runtime.migration import MigrationContext
-from alembic.script import ScriptDirectory
 from sqlalchemy.engine import Connection, Engine
 
 from crosscloud.ledger.engine import migration_lock
 from crosscloud.ledger.schema import VERSION_TABLE
+
+if TYPE_CHECKING:
+    from alembic.config import Config
 
 MIGRATIONS = Path(__file__).resolve().parent / "migrations"
 FIRST = "0001"  # the SQLite-only ledger's schema
@@ -31,7 +31,13 @@ _guard = threading.Lock()
 
 
 def config(connection: Connection | None = None) -> Config:
-    """Alembic's configuration of the ledger's migrations, on ``connection`` when given."""
+    """Alembic's configuration of the ledger's migrations, on ``connection`` when given.
+
+    Alembic is imported here, not with the module: every process that imports
+    the ledger (sub-tasks too) would pay for it, and only a migration needs it.
+    """
+    from alembic.config import Config
+
     cfg = Config()
     cfg.set_main_option("script_location", str(MIGRATIONS).replace("%", "%%"))
     if connection is not None:
@@ -40,11 +46,15 @@ def config(connection: Connection | None = None) -> Config:
 
 
 def head() -> str:
+    from alembic.script import ScriptDirectory
+
     return ScriptDirectory.from_config(config()).get_current_head()
 
 
 def current(conn: Connection) -> str | None:
     """The revision ``conn``'s database is at; None when it has no version table."""
+    from alembic.runtime.migration import MigrationContext
+
     return MigrationContext.configure(conn, opts={"version_table": VERSION_TABLE}).get_current_revision()
 
 
@@ -57,6 +67,8 @@ def upgrade(engine: Engine) -> None:
         with migration_lock(engine) as conn:
             at = current(conn)
             if at != head():
+                from alembic import command
+
                 cfg = config(conn)
                 if at is None and sa.inspect(conn).has_table("reservations"):
                     command.stamp(cfg, FIRST)

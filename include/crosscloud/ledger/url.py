@@ -62,9 +62,9 @@ def _refuse_if_shared(url: URL) -> URL:
     return url
 
 
-def ledger_url(path_or_url: str | os.PathLike | None = None) -> URL:
+def ledger_url(path_or_url: str | URL | os.PathLike | None = None) -> URL:
     """The ledger's URL; a plain path (str or PathLike) means a SQLite file there."""
-    if path_or_url and (not isinstance(path_or_url, str) or "://" not in path_or_url):
+    if path_or_url and not isinstance(path_or_url, URL) and "://" not in str(path_or_url):
         return _refuse_if_shared(sqlite_url(path_or_url))
     chosen = path_or_url or os.environ.get(URL_ENV) or (_provider() if _provider else None)
     return _refuse_if_shared(normalize(chosen) if chosen else sqlite_url(sqlite_path()))
