@@ -1,0 +1,232 @@
+"""One entry point for clients in front of every cloud's serving replicas: HAProxy, steered at run time.
+
+HAProxy (Debian's ``haproxy``, 2.6 or later) listens on 127.0.0.1 with one
+backend holding one server per cloud replica, health-checked on ``/health``.
+Nothing is ever reloaded: weights, drains and new replicas go through the
+runtime API (a stats socket at ``level admin``). A weight change only steers
+the next requests, so an in-flight request always finishes on the replica it
+started on; ``drain`` takes a cloud out of rotation the same way. A replica is
+added with ``add server`` at weight 0 and receives a share only once a health
+check of HAProxy's own has passed, so a cloud whose model is not warm and
+loaded never gets a request. Connection failures, empty responses and 503s
+(a replica's queue full, or a replica stopping) are retried on another server.
+"""
+
+from __future__ import annotations
+
+import shutil
+import socket
+import subprocess
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+BACKEND = "serving"
+WEIGHT_MAX = 256  # HAProxy's largest server weight
+CHECK_PASSED = ("3", "4")  # srv_check_result: CHK_RES_PASSED, CHK_RES_CONDPASS
+RUNNING = "2"  # srv_op_state: SRV_ST_RUNNING
+
+
+class RouterError(RuntimeError):
+    """HAProxy missing, not starting, or refusing a runtime command; the message says which and why."""
+
+
+@dataclass(frozen=True)
+class Endpoint:
+    """One serving replica as the router knows it: HAProxy server ``<cloud>-<index>`` at host:port."""
+
+    cloud: str
+    index: int
+    host: str
+    port: int
+
+    @property
+    def server(self) -> str:
+        return f"{self.cloud}-{self.index}"
+
+
+def haproxy_config(port: int, admin_socket: Path, check_ms: int = 300) -> str:
+    """The whole configuration: a frontend, an empty backend that replicas join at run time, the admin socket."""
+    return f"""global
+    stats socket {admin_socket} mode 600 level admin
+    maxconn 2048
+
+defaults
+    mode http
+    option http-buffer-request
+    timeout connect 2s
+    timeout client 120s
+    timeout server 120s
+    timeout queue 60s
+    retries 3
+    option redispatch 1
+    retry-on conn-failure empty-response 503
+
+frontend clients
+    bind 127.0.0.1:{port}
+    default_backend {BACKEND}
+
+backend {BACKEND}
+    balance roundrobin
+    option httpchk GET /health
+    http-check expect status 200
+    # servers are added through the runtime API (add server), each with: check inter {check_ms} fall 2 rise 1
+"""
+
+
+def haproxy_binary() -> str:
+    """The haproxy executable, or a RouterError saying how to install it."""
+    found = shutil.which("haproxy") or ("/usr/sbin/haproxy" if Path("/usr/sbin/haproxy").exists() else None)
+    if not found:
+        raise RouterError("haproxy not found: install Debian's haproxy (apt-get install -y haproxy), version 2.6 or later")
+    return found
+
+
+class Router:
+    """A real HAProxy process and its runtime API: the only way traffic shares change."""
+
+    def __init__(self, folder: Path, port: int, check_ms: int = 300):
+        self.folder, self.port, self.check_ms = Path(folder), port, check_ms
+        self.socket = self.folder / "admin.sock"
+        self.log = self.folder / "haproxy.log"
+        self.proc: subprocess.Popen | None = None
+        self.endpoints: dict[str, Endpoint] = {}
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def start(self, timeout_s: float = 10.0) -> None:
+        """Write the configuration, check it, start haproxy in the foreground and wait for its admin socket."""
+        binary = haproxy_binary()
+        self.folder.mkdir(parents=True, exist_ok=True)
+        config = self.folder / "haproxy.cfg"
+        config.write_text(haproxy_config(self.port, self.socket, self.check_ms))
+        checked = subprocess.run([binary, "-c", "-q", "-f", str(config)], check=False, capture_output=True, text=True)
+        if checked.returncode:
+            raise RouterError(f"haproxy refused {config}: {checked.stderr.strip() or checked.stdout.strip()}")
+        with open(self.log, "ab") as log:
+            self.proc = subprocess.Popen([binary, "-db", "-f", str(config)], stdout=log, stderr=subprocess.STDOUT,
+                                         stdin=subprocess.DEVNULL)
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RouterError(f"haproxy exited with {self.proc.returncode}: {self.log.read_text()[-800:]}")
+            try:
+                self.command("show info")
+                return
+            except OSError:
+                time.sleep(0.05)
+        self.stop()
+        raise RouterError(f"haproxy's admin socket {self.socket} did not answer within {timeout_s:.0f} s")
+
+    def stop(self) -> None:
+        """Stop haproxy (SIGTERM: it closes its listeners and exits)."""
+        if self.proc and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+    def command(self, line: str) -> str:
+        """One runtime API command; its answer as text (the socket closes after each answer)."""
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+            s.settimeout(5)
+            s.connect(str(self.socket))
+            s.sendall(line.encode() + b"\n")
+            chunks = []
+            while data := s.recv(65536):
+                chunks.append(data)
+        return b"".join(chunks).decode()
+
+    def _expect(self, line: str, bad: tuple[str, ...] = ("No such", "Require", "Unknown", "not ", "failed", "error")) -> str:
+        answer = self.command(line).strip()
+        if any(word.lower() in answer.lower() for word in bad):
+            raise RouterError(f"haproxy refused {line!r}: {answer}")
+        return answer
+
+    def add(self, endpoint: Endpoint) -> None:
+        """Put a replica behind the router at weight 0; it takes traffic once healthy and given a share."""
+        name = f"{BACKEND}/{endpoint.server}"
+        self._expect(f"add server {name} {endpoint.host}:{endpoint.port} weight 0 "
+                     f"check inter {self.check_ms} fall 2 rise 1", bad=("No such", "Require", "Unknown", "error"))
+        self._expect(f"enable health {name}")
+        self._expect(f"enable server {name}")
+        self.endpoints[endpoint.server] = endpoint
+
+    def remove(self, server: str, timeout_s: float = 60.0) -> None:
+        """Take a replica out for good: no new requests, wait until its in-flight ones finished, delete it."""
+        name = f"{BACKEND}/{server}"
+        self._expect(f"set server {name} state drain")
+        deadline = time.monotonic() + timeout_s
+        while self.stats().get(server, {}).get("scur", "0") not in ("0", "") and time.monotonic() < deadline:
+            time.sleep(0.05)
+        self._expect(f"set server {name} state maint")
+        self._expect(f"del server {name}")
+        self.endpoints.pop(server, None)
+
+    def servers(self) -> dict[str, dict[str, str]]:
+        """``show servers state`` of the backend, by server name: op and admin state, weight, check result."""
+        lines = self.command(f"show servers state {BACKEND}").splitlines()
+        header = next((line[2:].split() for line in lines if line.startswith("# be_id")), None)
+        if header is None:
+            return {}
+        rows = [dict(zip(header, line.split())) for line in lines if len(line.split()) == len(header)]  # not the version
+        return {row["srv_name"]: row for row in rows}
+
+    def stats(self) -> dict[str, dict[str, str]]:
+        """``show stat`` of the backend's servers, by name: sessions now (scur) and in all (stot), status, weight."""
+        lines = self.command("show stat").splitlines()
+        header = lines[0].lstrip("# ").split(",") if lines else []
+        rows = [dict(zip(header, line.split(","))) for line in lines[1:] if line.startswith(f"{BACKEND},")]
+        return {row["svname"]: row for row in rows if row["svname"] not in ("BACKEND", "FRONTEND")}
+
+    def healthy(self, server: str) -> bool:
+        """Whether HAProxy's own health check of the replica has passed (not merely that it was enabled)."""
+        row = self.servers().get(server)
+        return bool(row) and row["srv_op_state"] == RUNNING and row["srv_check_result"] in CHECK_PASSED
+
+    def wait_healthy(self, server: str, timeout_s: float = 30.0) -> None:
+        deadline = time.monotonic() + timeout_s
+        while not self.healthy(server):
+            if time.monotonic() > deadline:
+                raise RouterError(f"replica {server} did not pass haproxy's health check within {timeout_s:.0f} s")
+            time.sleep(0.05)
+
+    def set_weights(self, shares: dict[str, float]) -> dict[str, int]:
+        """Give each cloud its share of new requests, split over its healthy replicas; returns the server weights.
+
+        A cloud left out, or whose replicas have not passed a health check yet,
+        gets weight 0. Shares are relative (any positive scale); a positive
+        share never rounds down to 0.
+        """
+        healthy = {name: ep for name, ep in self.endpoints.items() if self.healthy(name)}
+        by_cloud: dict[str, list[str]] = {}
+        for name, ep in healthy.items():
+            by_cloud.setdefault(ep.cloud, []).append(name)
+        total = sum(max(0.0, s) for c, s in shares.items() if c in by_cloud)
+        weights = {name: 0 for name in self.endpoints}
+        for cloud, names in by_cloud.items():
+            share = max(0.0, shares.get(cloud, 0.0))
+            if share > 0 and total > 0:
+                for name in names:
+                    weights[name] = max(1, round(WEIGHT_MAX * share / total / len(names)))
+        for name, weight in weights.items():
+            self._expect(f"set weight {BACKEND}/{name} {weight}")
+        return weights
+
+    def _set_state(self, cloud: str, state: str) -> list[str]:
+        names = [name for name, ep in self.endpoints.items() if ep.cloud == cloud]
+        for name in names:
+            self._expect(f"set server {BACKEND}/{name} state {state}")
+        return names
+
+    def drain(self, cloud: str) -> list[str]:
+        """A grid request: no new requests to the cloud's replicas, in-flight ones finish there; weights are kept."""
+        return self._set_state(cloud, "drain")
+
+    def restore(self, cloud: str) -> list[str]:
+        """The grid request ended: the cloud's replicas take their weights' share again."""
+        return self._set_state(cloud, "ready")
