@@ -1,0 +1,128 @@
+"""Serving replicas on a cloud: a process on a local cloud, a vLLM Deployment on a Kubernetes cloud.
+
+A local replica is ``python -m crosscloud.serving.server`` started through the
+local backend (its own session, a handle file and a log in the state folder),
+so any later task can find, read and stop it. ``wait_ready`` returns once
+``/health`` answers 200, or raises with the replica's own log when it exited:
+a cloud where the model is not warm refuses at start, and says so there.
+
+On Kubernetes a GPU language model is served by vLLM's OpenAI server. An init
+container of the crosscloud image runs the same warm check against the cloud's
+store and writes the model as a Hugging Face folder (``server --export``) into
+a pod-local volume; a cold cloud fails that init container, so the pod never
+becomes ready and the router never sends it a request.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass, field
+
+import httpx
+
+from crosscloud.backends.base import Handle, SubTaskSpec
+from crosscloud.backends.kubernetes import LABEL, PoolRequest, namespace
+from crosscloud.backends.local import LocalBackend
+from crosscloud.core.federation import Cloud
+
+VLLM_IMAGE = "vllm/vllm-openai:v0.11.0"
+VLLM_PORT = 8000
+MODEL_MOUNT = "/models"
+
+
+class ReplicaError(RuntimeError):
+    """A replica that exited or did not become ready; the message carries its log's end."""
+
+
+@dataclass(frozen=True)
+class ServeSpec:
+    """What a replica serves: the model artifact, the program that builds it, the program's args."""
+
+    tenant: str
+    name: str  # the served model's name, and the replica's handle folder (subtasks/<tenant>/serve-<name>/<cloud>)
+    model: str  # sha256[:size] of the weights artifact
+    program: str
+    args: dict = field(default_factory=dict)
+    tokenizer: str | None = None
+    federation: str | None = None
+
+    def server_args(self, cloud: str, port: int, host: str = "127.0.0.1") -> list[str]:
+        """The server's command-line arguments on ``cloud``."""
+        args = ["--cloud", cloud, "--tenant", self.tenant, "--model", self.model, "--program", self.program,
+                "--args", json.dumps(self.args), "--name", self.name, "--host", host, "--port", str(port)]
+        args += ["--tokenizer", self.tokenizer] if self.tokenizer else []
+        return args + (["--federation", self.federation] if self.federation else [])
+
+
+def start_local(spec: ServeSpec, cloud: str, port: int) -> Handle:
+    """Start a replica process on a local cloud (a running one under the same handle is kept, not doubled)."""
+    sub = SubTaskSpec(tenant=spec.tenant, run_id=f"serve-{spec.name}", cloud=cloud, image="", accelerator="cpu",
+                      devices=1, module="crosscloud.serving.server", args=spec.server_args(cloud, port))
+    handle = LocalBackend().start(sub)
+    handle["url"] = f"http://127.0.0.1:{port}"
+    return handle
+
+
+def wait_ready(handle: Handle, timeout_s: float = 60.0) -> dict:
+    """Block until the replica's /health says ready; its health body. Raises with its log if it exited."""
+    backend, deadline = LocalBackend(), time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if backend.state(handle) != "running":
+            log = backend.logs(handle)[0]
+            raise ReplicaError(f"replica on {handle['cloud']} exited ({backend.state(handle)}, rc "
+                               f"{backend.exit_code(handle)}):\n{log[-1500:]}")
+        try:
+            answer = httpx.get(f"{handle['url']}/health", timeout=2)
+            if answer.status_code == 200:
+                return answer.json()
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.1)
+    raise ReplicaError(f"replica on {handle['cloud']} not ready within {timeout_s:.0f} s: {backend.logs(handle)[0][-1500:]}")
+
+
+def stop_local(handle: Handle, grace_s: float = 10.0) -> None:
+    """SIGTERM (uvicorn finishes in-flight requests), then SIGKILL after ``grace_s``."""
+    LocalBackend().stop(handle, grace_s=grace_s)
+
+
+def vllm_deployment(spec: ServeSpec, cloud: Cloud, accelerator: str, crosscloud_image: str,
+                    devices: int = 1, replicas: int = 1, vllm_image: str = VLLM_IMAGE) -> dict:
+    """A Deployment serving the model with vLLM on ``devices`` of the cloud's ``accelerator`` pool.
+
+    The init container (the crosscloud image) checks the model is warm in the
+    cloud's store and exports it as a Hugging Face folder; vLLM then serves that
+    folder, OpenAI-compatible, ready when its /health answers.
+    """
+    pool = PoolRequest.of(cloud, accelerator)
+    name = f"serve-{spec.name}"[:63].rstrip("-")
+    labels = {f"{LABEL}/tenant": spec.tenant, f"{LABEL}/serve": spec.name, f"{LABEL}/cloud": cloud.name}
+    folder = f"{MODEL_MOUNT}/{spec.name}"
+    export = ["python", "-m", "crosscloud.serving.server", *spec.server_args(cloud.name, VLLM_PORT, "0.0.0.0"),
+              "--export", folder]
+    serve = ["--model", folder, "--served-model-name", spec.name, "--host", "0.0.0.0", "--port", str(VLLM_PORT),
+             "--tensor-parallel-size", str(devices)]
+    probe = {"httpGet": {"path": "/health", "port": VLLM_PORT}, "periodSeconds": 5, "failureThreshold": 3}
+    pod = {
+        "initContainers": [{"name": "warm-model", "image": crosscloud_image, "command": export,
+                            "volumeMounts": [{"name": "models", "mountPath": MODEL_MOUNT}]}],
+        "containers": [{
+            "name": "vllm", "image": vllm_image, "args": serve,
+            "ports": [{"containerPort": VLLM_PORT, "name": "http"}],
+            "resources": pool.resources(devices),
+            "readinessProbe": probe,
+            "startupProbe": {**probe, "failureThreshold": 120},  # loading onto the devices takes minutes
+            "volumeMounts": [{"name": "models", "mountPath": MODEL_MOUNT, "readOnly": True},
+                             {"name": "shm", "mountPath": "/dev/shm"}],
+        }],
+        "volumes": [{"name": "models", "emptyDir": {}}, {"name": "shm", "emptyDir": {"medium": "Memory"}}],
+    }
+    if pool.node_selector:
+        pod["nodeSelector"] = pool.node_selector
+    if pool.tolerations:
+        pod["tolerations"] = pool.tolerations
+    return {"apiVersion": "apps/v1", "kind": "Deployment",
+            "metadata": {"name": name, "namespace": namespace(cloud), "labels": labels},
+            "spec": {"replicas": replicas, "selector": {"matchLabels": labels},
+                     "template": {"metadata": {"labels": labels}, "spec": pod}}}

@@ -1,0 +1,86 @@
+"""A replica's pieces without processes: the warm check's refusal, both programs' models and tokenizers, the
+Hugging Face export vLLM loads, and the vLLM Deployment against the Kubernetes OpenAPI schema."""
+
+from __future__ import annotations
+
+import json
+import runpy
+from pathlib import Path
+
+import kubernetes_validate
+import pytest
+import torch
+
+from crosscloud.core.federation import DEFAULT_FEDERATION, load_federation
+from crosscloud.serving.replica import VLLM_PORT, ServeSpec, vllm_deployment
+from crosscloud.serving.server import NotWarm, build_engine, export_hf, model_ref, warm_weights
+from crosscloud.store.base import LocalStore
+from crosscloud.store.chunks import put_blob
+from crosscloud.store.tensors import to_bytes
+from crosscloud.training.program import load_program, program_source
+from crosscloud.training.session import parameters
+
+pytestmark = pytest.mark.inference
+
+ROOT = Path(__file__).resolve().parents[2]
+K8S_VERSION = "1.37.0"
+
+
+def weights_of(program: str, args: dict) -> bytes:
+    module = load_program(program_source(program), program)
+    return to_bytes({n: p.detach() for n, p in parameters(module.build_model(args)).items()})
+
+
+def test_a_cold_cloud_is_refused_and_a_warm_one_serves_byte_lm(tmp_path):
+    args = {"seed": 1, "model_size": "tiny"}
+    data = weights_of("examples/byte_lm/train.py", args)
+    cold, warm = LocalStore(tmp_path / "cold", cloud="cold"), LocalStore(tmp_path / "warm", cloud="warm")
+    ref, _ = put_blob(warm, "t", data, kind="model")
+    with pytest.raises(NotWarm, match="preheat the model to cold"):
+        model_ref(cold, "t", ref.sha256)
+    with pytest.raises(NotWarm, match="not warm here"):
+        warm_weights(cold, "t", ref)
+    assert model_ref(warm, "t", ref.sha256) == ref
+    engine = build_engine("examples/byte_lm/train.py", args, warm_weights(warm, "t", ref), None)
+    text, prompt, completion, reason = engine.complete("def ", 12, 0.0)
+    assert (prompt, completion, reason) == (4, 12, "length")
+    assert engine.complete("def ", 12, 0.0)[0] == text  # greedy: the same answer every time
+    assert engine.complete("x" * 200, 3, 1.0, seed=5)[2] == 3  # a prompt longer than the context is cut to it
+
+
+def test_hf_causal_lm_served_with_its_bpe_and_exported_for_vllm(tmp_path):
+    train_tokenizer = runpy.run_path(str(ROOT / "examples" / "hf_causal_lm" / "prepare.py"))["train_tokenizer"]
+    tokenizer = tmp_path / "tokenizer.json"
+    train_tokenizer(["def f(x):\n    return x + 1\n"] * 50 + ["class A:\n    pass\n"] * 50, 300).save(str(tokenizer))
+    args = {"seed": 2, "size": "tiny", "n_layer": 1}
+    engine = build_engine("examples/hf_causal_lm/train.py", args, weights_of("examples/hf_causal_lm/train.py", args),
+                          str(tokenizer))
+    _, prompt, completion, _ = engine.complete("def f(x):", 6, 0.0)
+    assert prompt == len(engine.tokenizer.encode("def f(x):")) and 1 <= completion <= 6
+    out = export_hf(engine, str(tokenizer), tmp_path / "hf")
+    assert {"config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json"} <= {p.name for p in out.iterdir()}
+    from transformers import AutoModelForCausalLM
+
+    again = AutoModelForCausalLM.from_pretrained(out).eval()
+    ids = torch.tensor([engine.tokenizer.encode("def f(x):")])
+    with torch.no_grad():
+        assert torch.allclose(again(ids).logits, engine.model(ids).logits, atol=1e-5)
+    assert json.loads((out / "tokenizer_config.json").read_text())["eos_token"] == "<|endoftext|>"
+
+
+def test_the_vllm_deployment_is_a_valid_manifest_on_the_pools_accelerator():
+    fed = load_federation(DEFAULT_FEDERATION.with_name("federation.remote.yaml"))
+    wuhan = fed.cloud("wuhan")
+    spec = ServeSpec(tenant="team-a", name="gpt2-small", model="ab" * 32 + ":1000", program="examples/hf_causal_lm/train.py",
+                     args={"seed": 0, "size": "small"}, tokenizer="/data/tokenizer.json")
+    manifest = vllm_deployment(spec, wuhan, "nvidia-a100", "registry.example.com/crosscloud-worker:cuda", devices=2)
+    kubernetes_validate.validate(manifest, K8S_VERSION, strict=True)
+    pod = manifest["spec"]["template"]["spec"]
+    vllm, init = pod["containers"][0], pod["initContainers"][0]
+    assert vllm["image"].startswith("vllm/vllm-openai:")
+    assert vllm["resources"]["limits"] == {"nvidia.com/gpu": "2"}
+    assert vllm["readinessProbe"]["httpGet"] == {"path": "/health", "port": VLLM_PORT}
+    assert vllm["args"][vllm["args"].index("--tensor-parallel-size") + 1] == "2"
+    assert init["command"][:3] == ["python", "-m", "crosscloud.serving.server"] and "--export" in init["command"]
+    assert init["command"][init["command"].index("--cloud") + 1] == "wuhan"  # the warm check runs on wuhan's store
+    assert manifest["metadata"]["namespace"] == "crosscloud"
