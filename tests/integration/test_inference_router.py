@@ -1,0 +1,212 @@
+"""Serving on several clouds behind one router, all real processes: byte_lm replicas and HAProxy on 127.0.0.1.
+
+A tiny byte_lm model is built by its program, stored as a safetensors artifact
+in beijing's store and preheated to shanghai; singapore starts cold. Client
+threads send a steady stream of completions through the router while the tests
+change weights, add a cloud after preheating it, and drain a cloud for a grid
+request: no request may fail, and the split must follow the weights.
+With ``CI=true`` a replica or router that cannot start fails the test.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass, field
+
+import httpx
+import pytest
+from airflowstandalone import unavailable
+from s3servers import free_port
+
+from crosscloud.artifacts.preheat import TransferReport, fetch
+from crosscloud.core.federation import load_federation
+from crosscloud.serving.replica import ReplicaError, ServeSpec, start_local, stop_local, wait_ready
+from crosscloud.serving.router import Endpoint, Router, RouterError
+from crosscloud.serving.server import CLOUD_HEADER
+from crosscloud.store.chunks import BlobRef, put_blob
+from crosscloud.store.open_store import open_store
+from crosscloud.store.tensors import to_bytes
+from crosscloud.training.program import load_program, program_source
+from crosscloud.training.session import parameters
+
+pytestmark = pytest.mark.inference
+
+TENANT = "team-a"
+PROGRAM = "examples/byte_lm/train.py"
+ARGS = {"seed": 26, "model_size": "tiny"}
+
+
+@dataclass
+class Load:
+    """Client threads sending completions through the router without pause; every answer recorded."""
+
+    url: str
+    clients: int = 3
+    records: list[tuple[float, float, str, str]] = field(default_factory=list)  # start, end, cloud, error
+    _stop: threading.Event = field(default_factory=threading.Event)
+    _threads: list[threading.Thread] = field(default_factory=list)
+
+    def _client(self) -> None:
+        with httpx.Client(timeout=30) as client:
+            while not self._stop.is_set():
+                start, cloud, error = time.monotonic(), "", ""
+                try:
+                    r = client.post(f"{self.url}/v1/completions", json={"prompt": "def ", "max_tokens": 4, "temperature": 0})
+                    cloud = r.headers.get(CLOUD_HEADER, "")
+                    if r.status_code != 200 or r.json()["usage"]["completion_tokens"] != 4:
+                        error = f"HTTP {r.status_code}: {r.text[:200]}"
+                except httpx.HTTPError as exc:
+                    error = f"{type(exc).__name__}: {exc}"
+                self.records.append((start, time.monotonic(), cloud, error))
+
+    def __enter__(self) -> Load:
+        self._threads = [threading.Thread(target=self._client, daemon=True) for _ in range(self.clients)]
+        for t in self._threads:
+            t.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        for t in self._threads:
+            t.join(timeout=30)
+
+    def failures(self) -> list[tuple]:
+        return [r for r in self.records if r[3]]
+
+    def split(self, t0: float, t1: float) -> dict[str, int]:
+        """Requests sent after ``t0`` and answered before ``t1``, by the cloud that answered."""
+        counts: dict[str, int] = {}
+        for start, end, cloud, _ in self.records:
+            if start >= t0 and end <= t1:
+                counts[cloud] = counts.get(cloud, 0) + 1
+        return counts
+
+
+def phase(load: Load, seconds: float) -> dict[str, int]:
+    """Let the load run ``seconds`` under the weights just set; the split of that window."""
+    t0 = time.monotonic()
+    time.sleep(seconds)
+    return load.split(t0, time.monotonic())
+
+
+@pytest.fixture(scope="module")
+def model() -> BlobRef:
+    """The tiny model as an artifact in beijing's store, preheated to shanghai; singapore stays cold."""
+    fed = load_federation()
+    module = load_program(program_source(PROGRAM), PROGRAM)
+    weights = to_bytes({n: p.detach() for n, p in parameters(module.build_model(ARGS)).items()})
+    home = open_store(fed.cloud("beijing"), TENANT)
+    ref, _ = put_blob(home, TENANT, weights, kind="model")
+    fetch(open_store(fed.cloud("shanghai"), TENANT), [home], TENANT, ref, TransferReport())
+    return ref
+
+
+@pytest.fixture(scope="module")
+def serving(model, tmp_path_factory):
+    """A router with a ready replica on beijing and on shanghai; torn down with every process it started."""
+    spec = ServeSpec(tenant=TENANT, name="byte-lm-tiny", model=f"{model.sha256}:{model.size}", program=PROGRAM, args=ARGS)
+    router, handles = Router(tmp_path_factory.mktemp("router"), free_port(), check_ms=200), {}
+    try:
+        try:
+            router.start()
+            for cloud in ("beijing", "shanghai"):
+                handles[cloud] = start_local(spec, cloud, free_port())
+            for cloud, handle in handles.items():
+                wait_ready(handle, timeout_s=90)
+                router.add(Endpoint(cloud, 0, "127.0.0.1", int(handle["url"].rsplit(":", 1)[1])))
+                router.wait_healthy(f"{cloud}-0")
+        except (RouterError, ReplicaError) as exc:
+            unavailable(f"the serving processes did not start: {exc}")
+        yield spec, router, handles
+    finally:
+        for handle in handles.values():
+            stop_local(handle)
+        router.stop()
+
+
+def test_weight_changes_under_load_fail_no_request_and_the_split_follows(serving):
+    _, router, _ = serving
+    with Load(router.url) as load:
+        router.set_weights({"beijing": 1, "shanghai": 1})
+        even = phase(load, 1.5)
+        router.set_weights({"beijing": 3, "shanghai": 1})
+        skewed = phase(load, 2.0)
+        router.set_weights({"beijing": 0, "shanghai": 1})
+        shanghai_only = phase(load, 1.0)
+        router.set_weights({"beijing": 1, "shanghai": 0})
+        router.drain("shanghai")
+        beijing_only = phase(load, 1.0)
+        router.restore("shanghai")
+        router.set_weights({"beijing": 1, "shanghai": 1})
+        back = phase(load, 1.0)
+    assert load.failures() == [], load.failures()[:5]
+    assert len(load.records) > 100, f"only {len(load.records)} requests went through"
+    assert abs(even.get("beijing", 0) / sum(even.values()) - 0.5) < 0.1, even
+    assert abs(skewed.get("beijing", 0) / sum(skewed.values()) - 0.75) < 0.1, skewed
+    assert set(shanghai_only) == {"shanghai"} and set(beijing_only) == {"beijing"}, (shanghai_only, beijing_only)
+    assert set(back) == {"beijing", "shanghai"}, back
+
+
+def test_an_in_flight_request_finishes_where_it_started(serving):
+    """A long request on beijing when beijing's weight drops to 0 and it is drained: it still answers, from beijing."""
+    _, router, _ = serving
+    router.set_weights({"beijing": 1, "shanghai": 0})
+    answer: dict = {}
+
+    def long_request() -> None:
+        r = httpx.post(f"{router.url}/v1/completions", timeout=60,
+                       json={"prompt": ["a"] * 8, "max_tokens": 256, "temperature": 0})
+        answer.update(status=r.status_code, cloud=r.headers.get(CLOUD_HEADER))
+
+    thread = threading.Thread(target=long_request)
+    thread.start()
+    deadline = time.monotonic() + 10
+    while router.stats()["beijing-0"]["scur"] == "0" and time.monotonic() < deadline:
+        time.sleep(0.01)
+    router.set_weights({"beijing": 0, "shanghai": 1})
+    router.drain("beijing")
+    in_flight = router.stats()["beijing-0"]["scur"]
+    thread.join(timeout=60)
+    router.restore("beijing")
+    assert in_flight == "1", "the long request had finished before the weights changed: the test proved nothing"
+    assert answer == {"status": 200, "cloud": "beijing"}
+
+
+def test_a_cloud_gets_traffic_only_once_its_model_is_warm(serving, model):
+    """singapore is cold: its replica refuses to start, and the router gives it no share until, preheated, it is ready."""
+    spec, router, handles = serving
+    fed = load_federation()
+    port = free_port()
+    with pytest.raises(ReplicaError, match="not warm|no artifact"):
+        wait_ready(start_local(spec, "singapore", port), timeout_s=60)
+    router.add(Endpoint("singapore", 0, "127.0.0.1", port))  # a slot for it, nothing answering yet
+    with Load(router.url) as load:
+        weights = router.set_weights({"beijing": 1, "shanghai": 1, "singapore": 2})
+        cold = phase(load, 1.0)
+        report = TransferReport()
+        fetch(open_store(fed.cloud("singapore"), TENANT), [open_store(fed.cloud("beijing"), TENANT)], TENANT, model,
+              report)
+        handles["singapore"] = start_local(spec, "singapore", port)
+        wait_ready(handles["singapore"], timeout_s=90)
+        router.wait_healthy("singapore-0")
+        warm_weights = router.set_weights({"beijing": 1, "shanghai": 1, "singapore": 2})
+        warm = phase(load, 1.5)
+    assert weights["singapore-0"] == 0 and "singapore" not in cold, (weights, cold)
+    assert report.sent_bytes["singapore"] > 0
+    assert warm_weights["singapore-0"] > 0 and warm.get("singapore", 0) > 0.3 * sum(warm.values()), warm
+    assert load.failures() == [], load.failures()[:5]
+
+
+def test_a_grid_request_drains_a_cloud_and_its_traffic_returns_afterwards(serving):
+    _, router, _ = serving
+    with Load(router.url) as load:
+        router.set_weights({"beijing": 1, "shanghai": 1})
+        before = phase(load, 1.0)
+        router.drain("shanghai")
+        shed = phase(load, 1.5)
+        router.restore("shanghai")
+        after = phase(load, 1.0)
+    assert load.failures() == [], load.failures()[:5]
+    assert before.get("shanghai", 0) > 0 and "shanghai" not in shed and shed.get("beijing", 0) > 0, (before, shed)
+    assert after.get("shanghai", 0) > 0.3 * sum(after.values()), after
