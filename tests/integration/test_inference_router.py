@@ -140,6 +140,7 @@ def test_weight_changes_under_load_fail_no_request_and_the_split_follows(serving
         router.restore("shanghai")
         router.set_weights({"beijing": 1, "shanghai": 1})
         back = phase(load, 1.0)
+    print(f"{len(load.records)} requests, split 1:1 {even}, 3:1 {skewed}, 0:1 {shanghai_only}, 1:drain {beijing_only}")
     assert load.failures() == [], load.failures()[:5]
     assert len(load.records) > 100, f"only {len(load.records)} requests went through"
     assert abs(even.get("beijing", 0) / sum(even.values()) - 0.5) < 0.1, even
@@ -199,14 +200,21 @@ def test_a_cloud_gets_traffic_only_once_its_model_is_warm(serving, model):
 
 
 def test_a_grid_request_drains_a_cloud_and_its_traffic_returns_afterwards(serving):
-    _, router, _ = serving
+    """The grid request is answered as a DAG task would: through the router another process started."""
+    _, started, _ = serving
+    router = Router.attach(started.folder)
+    assert router.endpoints == started.endpoints
     with Load(router.url) as load:
         router.set_weights({"beijing": 1, "shanghai": 1})
         before = phase(load, 1.0)
         router.drain("shanghai")
         shed = phase(load, 1.5)
+        during = router.status()["shanghai-0"]
         router.restore("shanghai")
         after = phase(load, 1.0)
     assert load.failures() == [], load.failures()[:5]
+    assert during["state"] == "drain" and during["healthy"] and during["weight"] > 0, during
+    assert router.status()["shanghai-0"]["state"] == "ready"
+    assert all(s["errors_5xx"] == 0 for s in router.status().values()), router.status()
     assert before.get("shanghai", 0) > 0 and "shanghai" not in shed and shed.get("beijing", 0) > 0, (before, shed)
     assert after.get("shanghai", 0) > 0.3 * sum(after.values()), after

@@ -55,13 +55,31 @@ class ServeSpec:
         return args + (["--federation", self.federation] if self.federation else [])
 
 
-def start_local(spec: ServeSpec, cloud: str, port: int) -> Handle:
-    """Start a replica process on a local cloud (a running one under the same handle is kept, not doubled)."""
-    sub = SubTaskSpec(tenant=spec.tenant, run_id=f"serve-{spec.name}", cloud=cloud, image="", accelerator="cpu",
+def handle_id(spec: ServeSpec, index: int) -> str:
+    """The run id a replica's handle lives under: ``subtasks/<tenant>/serve-<name>-r<index>/<cloud>/``."""
+    return f"serve-{spec.name}-r{index}"
+
+
+def start_local(spec: ServeSpec, cloud: str, port: int, index: int = 0) -> Handle:
+    """Start replica ``index`` on a local cloud (a running one under the same handle is kept, not doubled).
+
+    It is a cpu "device" of the cloud while it runs, as the local backend counts them.
+    """
+    sub = SubTaskSpec(tenant=spec.tenant, run_id=handle_id(spec, index), cloud=cloud, image="", accelerator="cpu",
                       devices=1, module="crosscloud.serving.server", args=spec.server_args(cloud, port))
-    handle = LocalBackend().start(sub)
-    handle["url"] = f"http://127.0.0.1:{port}"
-    return handle
+    return _with_url(LocalBackend().start(sub))
+
+
+def find_local(spec: ServeSpec, cloud: str, index: int = 0) -> Handle | None:
+    """The handle of replica ``index`` on ``cloud``, running or not, or None if none was started."""
+    handle = LocalBackend().find(spec.tenant, handle_id(spec, index), cloud)
+    return _with_url(handle) if handle else None
+
+
+def _with_url(handle: Handle) -> Handle:
+    """The handle with the replica's URL, from its own command line (a kept replica keeps its port)."""
+    command = handle["command"]
+    return {**handle, "url": f"http://127.0.0.1:{command[command.index('--port') + 1]}"}
 
 
 def wait_ready(handle: Handle, timeout_s: float = 60.0) -> dict:

@@ -14,6 +14,7 @@ loaded never gets a request. Connection failures, empty responses and 503s
 
 from __future__ import annotations
 
+import json
 import shutil
 import socket
 import subprocess
@@ -25,6 +26,7 @@ BACKEND = "serving"
 WEIGHT_MAX = 256  # HAProxy's largest server weight
 CHECK_PASSED = ("3", "4")  # srv_check_result: CHK_RES_PASSED, CHK_RES_CONDPASS
 RUNNING = "2"  # srv_op_state: SRV_ST_RUNNING
+MAINT, DRAIN = 0x27, 0x18  # srv_admin_state masks: SRV_ADMF_{F,I,C,R}MAINT and SRV_ADMF_{F,I}DRAIN
 
 
 class RouterError(RuntimeError):
@@ -58,6 +60,7 @@ defaults
     timeout client 120s
     timeout server 120s
     timeout queue 60s
+    timeout check 2s
     retries 3
     option redispatch 1
     retry-on conn-failure empty-response 503
@@ -70,7 +73,7 @@ backend {BACKEND}
     balance roundrobin
     option httpchk GET /health
     http-check expect status 200
-    # servers are added through the runtime API (add server), each with: check inter {check_ms} fall 2 rise 1
+    # servers are added through the runtime API (add server), each with: check inter {check_ms} fall 3 rise 1
 """
 
 
@@ -82,6 +85,11 @@ def haproxy_binary() -> str:
     return found
 
 
+def _passed(row: dict[str, str]) -> bool:
+    """A ``show servers state`` row of a server that is up with a health check passed (not merely enabled)."""
+    return row.get("srv_op_state") == RUNNING and row.get("srv_check_result") in CHECK_PASSED
+
+
 class Router:
     """A real HAProxy process and its runtime API: the only way traffic shares change."""
 
@@ -91,10 +99,21 @@ class Router:
         self.log = self.folder / "haproxy.log"
         self.proc: subprocess.Popen | None = None
         self.endpoints: dict[str, Endpoint] = {}
+        self.admitted: set[str] = set()  # replicas whose health check has passed since they were added
 
     @property
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
+
+    @classmethod
+    def attach(cls, folder: Path) -> Router:
+        """The router another process started in ``folder`` (a DAG task, the CLI): its replicas read from HAProxy."""
+        info = json.loads((Path(folder) / "router.json").read_text())
+        router = cls(Path(folder), info["port"], info["check_ms"])
+        for name, row in router.servers().items():
+            cloud, _, index = name.rpartition("-")
+            router.endpoints[name] = Endpoint(cloud, int(index), row["srv_addr"], int(row["srv_port"]))
+        return router
 
     def start(self, timeout_s: float = 10.0) -> None:
         """Write the configuration, check it, start haproxy in the foreground and wait for its admin socket."""
@@ -114,6 +133,8 @@ class Router:
                 raise RouterError(f"haproxy exited with {self.proc.returncode}: {self.log.read_text()[-800:]}")
             try:
                 self.command("show info")
+                (self.folder / "router.json").write_text(json.dumps(
+                    {"port": self.port, "check_ms": self.check_ms, "pid": self.proc.pid, "url": self.url}))
                 return
             except OSError:
                 time.sleep(0.05)
@@ -151,7 +172,7 @@ class Router:
         """Put a replica behind the router at weight 0; it takes traffic once healthy and given a share."""
         name = f"{BACKEND}/{endpoint.server}"
         self._expect(f"add server {name} {endpoint.host}:{endpoint.port} weight 0 "
-                     f"check inter {self.check_ms} fall 2 rise 1", bad=("No such", "Require", "Unknown", "error"))
+                     f"check inter {self.check_ms} fall 3 rise 1", bad=("No such", "Require", "Unknown", "error"))
         self._expect(f"enable health {name}")
         self._expect(f"enable server {name}")
         self.endpoints[endpoint.server] = endpoint
@@ -166,6 +187,7 @@ class Router:
         self._expect(f"set server {name} state maint")
         self._expect(f"del server {name}")
         self.endpoints.pop(server, None)
+        self.admitted.discard(server)
 
     def servers(self) -> dict[str, dict[str, str]]:
         """``show servers state`` of the backend, by server name: op and admin state, weight, check result."""
@@ -183,10 +205,23 @@ class Router:
         rows = [dict(zip(header, line.split(","))) for line in lines[1:] if line.startswith(f"{BACKEND},")]
         return {row["svname"]: row for row in rows if row["svname"] not in ("BACKEND", "FRONTEND")}
 
+    def status(self) -> dict[str, dict]:
+        """Per replica: its cloud, weight, admin state, health, requests in flight and answered: what an operator sees."""
+        states, stats = self.servers(), self.stats()
+        out = {}
+        for name, ep in self.endpoints.items():
+            row, stat = states.get(name, {}), stats.get(name, {})
+            admin = int(row.get("srv_admin_state", "0") or 0)
+            out[name] = {"cloud": ep.cloud, "address": f"{ep.host}:{ep.port}", "weight": int(row.get("srv_uweight", 0)),
+                         "state": "maint" if admin & MAINT else ("drain" if admin & DRAIN else "ready"),
+                         "healthy": _passed(row),
+                         "in_flight": int(stat.get("scur") or 0), "requests": int(stat.get("stot") or 0),
+                         "errors_5xx": int(stat.get("hrsp_5xx") or 0)}
+        return out
+
     def healthy(self, server: str) -> bool:
         """Whether HAProxy's own health check of the replica has passed (not merely that it was enabled)."""
-        row = self.servers().get(server)
-        return bool(row) and row["srv_op_state"] == RUNNING and row["srv_check_result"] in CHECK_PASSED
+        return _passed(self.servers().get(server, {}))
 
     def wait_healthy(self, server: str, timeout_s: float = 30.0) -> None:
         deadline = time.monotonic() + timeout_s
@@ -198,13 +233,21 @@ class Router:
     def set_weights(self, shares: dict[str, float]) -> dict[str, int]:
         """Give each cloud its share of new requests, split over its healthy replicas; returns the server weights.
 
-        A cloud left out, or whose replicas have not passed a health check yet,
-        gets weight 0. Shares are relative (any positive scale); a positive
-        share never rounds down to 0.
+        A cloud left out, or whose replicas have never passed a health check,
+        gets weight 0. A replica that passed once keeps its share while a check
+        fails: HAProxy itself sends nothing to a server it marked down, and gives
+        it back its weight when it is up again. Shares are relative (any positive
+        scale); a positive share never rounds down to 0.
         """
-        healthy = {name: ep for name, ep in self.endpoints.items() if self.healthy(name)}
+        states = self.servers()
+        for name in self.endpoints:
+            row = states.get(name, {})
+            if _passed(row) or int(row.get("srv_uweight", 0)) > 0:  # a weight was only ever given after a pass
+                self.admitted.add(name)
         by_cloud: dict[str, list[str]] = {}
-        for name, ep in healthy.items():
+        for name, ep in self.endpoints.items():
+            if name not in self.admitted:
+                continue
             by_cloud.setdefault(ep.cloud, []).append(name)
         total = sum(max(0.0, s) for c, s in shares.items() if c in by_cloud)
         weights = {name: 0 for name in self.endpoints}
