@@ -21,7 +21,7 @@ from s3servers import free_port
 
 from crosscloud.artifacts.preheat import TransferReport, fetch
 from crosscloud.core.federation import load_federation
-from crosscloud.serving.replica import ReplicaError, ServeSpec, start_local, stop_local, wait_ready
+from crosscloud.serving.replica import ReplicaError, ServeSpec, bring_up, start_local, stop_local, take_down, wait_ready
 from crosscloud.serving.router import Endpoint, Router, RouterError
 from crosscloud.serving.server import CLOUD_HEADER
 from crosscloud.store.chunks import BlobRef, put_blob
@@ -111,11 +111,7 @@ def serving(model, tmp_path_factory):
         try:
             router.start()
             for cloud in ("beijing", "shanghai"):
-                handles[cloud] = start_local(spec, cloud, free_port())
-            for cloud, handle in handles.items():
-                wait_ready(handle, timeout_s=90)
-                router.add(Endpoint(cloud, 0, "127.0.0.1", int(handle["url"].rsplit(":", 1)[1])))
-                router.wait_healthy(f"{cloud}-0")
+                handles[cloud] = bring_up(router, spec, cloud, free_port())
         except (RouterError, ReplicaError) as exc:
             unavailable(f"the serving processes did not start: {exc}")
         yield spec, router, handles
@@ -193,9 +189,12 @@ def test_a_cloud_gets_traffic_only_once_its_model_is_warm(serving, model):
         router.wait_healthy("singapore-0")
         warm_weights = router.set_weights({"beijing": 1, "shanghai": 1, "singapore": 2})
         warm = phase(load, 1.5)
+        take_down(router, handles.pop("singapore"))  # scaled down under load: its in-flight requests finish first
+        gone = phase(load, 0.5)
     assert weights["singapore-0"] == 0 and "singapore" not in cold, (weights, cold)
     assert report.sent_bytes["singapore"] > 0
     assert warm_weights["singapore-0"] > 0 and warm.get("singapore", 0) > 0.3 * sum(warm.values()), warm
+    assert "singapore" not in gone and "singapore-0" not in router.status(), gone
     assert load.failures() == [], load.failures()[:5]
 
 

@@ -25,6 +25,7 @@ from crosscloud.backends.base import Handle, SubTaskSpec
 from crosscloud.backends.kubernetes import LABEL, PoolRequest, namespace
 from crosscloud.backends.local import LocalBackend
 from crosscloud.core.federation import Cloud
+from crosscloud.serving.router import Endpoint, Router
 
 VLLM_IMAGE = "vllm/vllm-openai:v0.11.0"
 VLLM_PORT = 8000
@@ -103,6 +104,23 @@ def wait_ready(handle: Handle, timeout_s: float = 60.0) -> dict:
 def stop_local(handle: Handle, grace_s: float = 10.0) -> None:
     """SIGTERM (uvicorn finishes in-flight requests), then SIGKILL after ``grace_s``."""
     LocalBackend().stop(handle, grace_s=grace_s)
+
+
+def bring_up(router: Router, spec: ServeSpec, cloud: str, port: int, index: int = 0, timeout_s: float = 90.0) -> Handle:
+    """Start a replica on a local cloud, wait until it answers, and put it behind the router at weight 0 until
+    HAProxy's own check passed: from then on ``router.set_weights`` may give its cloud a share."""
+    handle = start_local(spec, cloud, port, index)
+    wait_ready(handle, timeout_s)
+    endpoint = Endpoint(cloud, index, "127.0.0.1", int(handle["url"].rsplit(":", 1)[1]))
+    router.add(endpoint)
+    router.wait_healthy(endpoint.server, timeout_s)
+    return handle
+
+
+def take_down(router: Router, handle: Handle, index: int = 0) -> None:
+    """Scale a cloud down by one replica: out of the router once its in-flight requests finished, then stopped."""
+    router.remove(Endpoint(handle["cloud"], index, "", 0).server)
+    stop_local(handle)
 
 
 def vllm_deployment(spec: ServeSpec, cloud: Cloud, accelerator: str, crosscloud_image: str,

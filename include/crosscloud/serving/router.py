@@ -15,6 +15,7 @@ loaded never gets a request. Connection failures, empty responses and 503s
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import socket
 import subprocess
@@ -78,10 +79,15 @@ backend {BACKEND}
 
 
 def haproxy_binary() -> str:
-    """The haproxy executable, or a RouterError saying how to install it."""
+    """The haproxy executable, 2.6 or later (its runtime API adds servers with health checks), or why not."""
     found = shutil.which("haproxy") or ("/usr/sbin/haproxy" if Path("/usr/sbin/haproxy").exists() else None)
     if not found:
         raise RouterError("haproxy not found: install Debian's haproxy (apt-get install -y haproxy), version 2.6 or later")
+    version = subprocess.run([found, "-v"], check=False, capture_output=True, text=True).stdout
+    match = re.search(r"version (\d+)\.(\d+)", version)
+    if not match or (int(match[1]), int(match[2])) < (2, 6):
+        raise RouterError(f"{found} is {version.splitlines()[0] if version else 'of unknown version'}: the router needs "
+                          "HAProxy 2.6 or later (Debian 12's haproxy), whose runtime API adds servers with health checks")
     return found
 
 
