@@ -10,6 +10,7 @@ With ``CI=true`` a replica or router that cannot start fails the test.
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 from dataclasses import dataclass, field
@@ -168,6 +169,20 @@ def test_an_in_flight_request_finishes_where_it_started(serving):
     router.restore("beijing")
     assert in_flight == "1", "the long request had finished before the weights changed: the test proved nothing"
     assert answer == {"status": 200, "cloud": "beijing"}
+
+
+def test_a_completion_streams_through_the_router_as_server_sent_events(serving):
+    _, router, _ = serving
+    router.set_weights({"beijing": 1, "shanghai": 1})
+    ask = {"prompt": "import ", "max_tokens": 24, "temperature": 0}
+    whole = httpx.post(f"{router.url}/v1/completions", json=ask, timeout=30).json()["choices"][0]["text"]
+    with httpx.stream("POST", f"{router.url}/v1/completions", json={**ask, "stream": True}, timeout=30) as r:
+        assert r.status_code == 200 and r.headers["content-type"].startswith("text/event-stream")
+        events = [line.removeprefix("data: ") for line in r.iter_lines() if line.startswith("data: ")]
+    assert events[-1] == "[DONE]"
+    chunks = [json.loads(e)["choices"][0] for e in events[:-1]]
+    assert len(chunks) > 2 and chunks[-1]["finish_reason"] == "length"
+    assert "".join(c["text"] for c in chunks) == whole  # greedy: the same text, in pieces
 
 
 def test_a_cloud_gets_traffic_only_once_its_model_is_warm(serving, model):

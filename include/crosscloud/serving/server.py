@@ -11,7 +11,8 @@ generation answered, which is what the router's health checks wait for.
 
 Generation runs on CPU (or the device torch finds), one request at a time in
 one worker thread, behind a bounded queue: a full queue answers 503, which the
-router retries on another cloud.
+router retries on another cloud. ``stream: true`` answers server-sent events,
+a chunk per piece of text as it is generated.
 
     python -m crosscloud.serving.server --cloud beijing --tenant team-a --model <sha256[:size] | file.safetensors> \\
         --program examples/byte_lm/train.py --args '{"seed": 0, "model_size": "tiny"}' --port 8101
@@ -33,7 +34,7 @@ from pathlib import Path
 
 import torch
 from fastapi import FastAPI
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, StreamingResponse
 from pydantic import BaseModel, Field
 
 from crosscloud.core.federation import load_federation
@@ -134,8 +135,11 @@ class Engine:
         self.device = next(model.parameters()).device
 
     @torch.no_grad()
-    def complete(self, prompt: str, max_tokens: int, temperature: float, seed: int | None = None) -> tuple[str, int, int, str]:
-        """(text, prompt tokens, completion tokens, finish reason): greedy at temperature 0, else sampled."""
+    def complete(self, prompt: str, max_tokens: int, temperature: float, seed: int | None = None,
+                 on_token=None) -> tuple[str, int, int, str]:
+        """(text, prompt tokens, completion tokens, finish reason): greedy at temperature 0, else sampled.
+
+        ``on_token(ids)`` is called with the completion's ids so far after each token (streaming)."""
         prompt_ids = self.tokenizer.encode(prompt)
         ids = torch.tensor([prompt_ids or [self.tokenizer.start]], device=self.device)
         gen = torch.Generator(device=self.device).manual_seed(seed) if seed is not None else None
@@ -152,6 +156,8 @@ class Engine:
                 reason = "stop"
                 break
             out.append(token)
+            if on_token is not None:
+                on_token(list(out))
             ids = torch.cat([ids, torch.tensor([[token]], device=self.device)], dim=1)
         return self.tokenizer.decode(out), len(prompt_ids), len(out), reason
 
@@ -216,10 +222,13 @@ class Replica:
     async def complete(self, req: CompletionRequest) -> JSONResponse:
         if self.engine is None:
             return self._refuse(503, self.error or "the model is still loading")
-        if req.stream:
-            return self._refuse(400, "stream is not supported by this replica; ask without stream")
         if self.pending >= self.queue:
             return self._refuse(503, f"{self.pending} requests queued on cloud {self.cloud}")
+        if req.stream:
+            if isinstance(req.prompt, list):
+                return self._refuse(400, "stream takes one prompt; send a list without stream")
+            return StreamingResponse(self._stream(req), media_type="text/event-stream",
+                                     headers={CLOUD_HEADER: self.cloud, "Cache-Control": "no-cache"})
         prompts = req.prompt if isinstance(req.prompt, list) else [req.prompt]
         self.pending += 1
         try:
@@ -229,14 +238,45 @@ class Replica:
         finally:
             self.pending -= 1
         body = {
-            "id": f"cmpl-{uuid.uuid4().hex}", "object": "text_completion", "created": int(time.time()),
-            "model": req.model or self.name,
+            **self._head(req),
             "choices": [{"index": i, "text": text, "logprobs": None, "finish_reason": reason}
                         for i, (text, _, _, reason) in enumerate(results)],
             "usage": {"prompt_tokens": sum(r[1] for r in results), "completion_tokens": sum(r[2] for r in results),
                       "total_tokens": sum(r[1] + r[2] for r in results)},
         }
         return JSONResponse(body, headers={CLOUD_HEADER: self.cloud})
+
+    def _head(self, req: CompletionRequest) -> dict:
+        return {"id": f"cmpl-{uuid.uuid4().hex}", "object": "text_completion", "created": int(time.time()),
+                "model": req.model or self.name}
+
+    async def _stream(self, req: CompletionRequest):
+        """Server-sent events as OpenAI streams them: a chunk per piece of text, the finish reason, ``[DONE]``."""
+        loop, queue, head = asyncio.get_running_loop(), asyncio.Queue(), self._head(req)
+        emitted = ""
+
+        def progress(ids: list[int]) -> None:  # from the worker thread: the completion so far, as text
+            loop.call_soon_threadsafe(queue.put_nowait, ("text", self.engine.tokenizer.decode(ids)))
+
+        def run() -> tuple:
+            try:
+                return self.engine.complete(req.prompt, req.max_tokens, req.temperature, req.seed, progress)
+            finally:
+                loop.call_soon_threadsafe(queue.put_nowait, ("end", None))
+
+        self.pending += 1
+        try:
+            done = loop.run_in_executor(self.worker, run)
+            while (item := await queue.get())[0] == "text":
+                if not item[1].endswith("\ufffd") and len(item[1]) > len(emitted):  # whole characters only
+                    chunk, emitted = item[1][len(emitted):], item[1]
+                    yield _event({**head, "choices": [{"index": 0, "text": chunk, "logprobs": None, "finish_reason": None}]})
+            text, _, _, reason = await done
+            tail = {"index": 0, "text": text[len(emitted):], "logprobs": None, "finish_reason": reason}
+            yield _event({**head, "choices": [tail]})
+            yield "data: [DONE]\n\n"
+        finally:
+            self.pending -= 1
 
     def _refuse(self, status: int, message: str) -> JSONResponse:
         return JSONResponse({"error": {"message": message, "type": "unavailable" if status == 503 else "invalid_request"}},
@@ -246,6 +286,10 @@ class Replica:
         state = "ready" if self.engine else ("failed" if self.error else "loading")
         body = {"status": state, "cloud": self.cloud, "model": self.name, "queued": self.pending, "error": self.error}
         return JSONResponse(body, status_code=200 if self.engine else 503, headers={CLOUD_HEADER: self.cloud})
+
+
+def _event(body: dict) -> str:
+    return f"data: {json.dumps(body)}\n\n"
 
 
 def create_app(replica: Replica) -> FastAPI:
