@@ -183,7 +183,7 @@ def shed_limit(offer: CloudOffer, tps_now: float, cut: GridCut, rho_cap: float) 
     """Most traffic the cloud may keep, and its replicas, so that its power falls by ``cut.reduce_pct``."""
     r0 = replicas_for(offer, tps_now, rho_cap) if offer.warm else 0
     before = power_w(offer, r0, tps_now)
-    target = before * (1 - cut.reduce_pct / 100)
+    target = before * (1 - cut.reduce_pct / 100) * (1 - 1e-9)  # at least the cut, not a rounding short of it
     per_device_tps = offer.capacity_tps / offer.devices
     best_t, best_r = 0.0, 0
     for r in range(r0, 0, -1):
