@@ -148,3 +148,22 @@ def test_the_optimum_costs_no_more_than_any_policy():
     assert np.allclose(optimum(sc, []).shares[0], [0.05, 0.95, 0.0])
     assert np.allclose(optimum(sc, []).shares[2], [0.90, 0.05, 0.05])
     assert evaluate(sc, crosscloud(sc)).electricity_usd == pytest.approx(best.electricity_usd)
+
+
+def test_replay_grid_request_drains_during_its_hours_and_residency_holds_for_every_policy():
+    from crosscloud.serving.offline import TimedCut
+
+    prices = np.array([[10, 50, 100]] * 6, float)  # "a" is cheapest throughout
+    sc = small_scenario(prices, [TimedCut(GridCut("a", 50.0, 300.0), 2, 2)])
+    run = crosscloud(sc)
+    a = [p.tokens_per_s["a"] for p in run.plans]
+    free = [p.tokens_per_s["a"] for p in crosscloud(small_scenario(prices)).plans]
+    assert a[2] < free[2] and a[3] < free[3]  # the cut hours
+    assert a[:2] == pytest.approx(free[:2]) and a[4:] == pytest.approx(free[4:])  # before, and back after
+    assert all(s.achieved_pct >= 50.0 for p in run.plans[2:4] for s in p.sheds)
+    assert run.limits[2] and not run.limits[4]
+    sc = small_scenario(prices)
+    sc.goal = Goal(0.0, 30.0, frozenset({"EU"}), 0.05)
+    for policy in (price_unaware, nearest, crosscloud):
+        out = evaluate(sc, policy(sc))
+        assert out.tokens_by_cloud["c"] == 0.0 and out.failed == 0

@@ -2,7 +2,10 @@
 
 Why a model and not a table: a cloud's tokens per second and joules per
 token follow from two datasheet figures of its accelerator and the model's
-size, so a new accelerator or model needs no new measurement. Assumptions
+size, so a new accelerator or model needs no new measurement. Throughput
+comes from these documented datasheet figures (``ACCELERATOR_SPECS``), not
+from the federation's relative speeds, which are per training family and
+carry no unit. Assumptions
 (sources and figures in ``docs/serving.md``):
 
 - **prefill** (context tokens) is compute-bound: ``2 x params`` FLOPs a token

@@ -226,6 +226,8 @@ def evaluate(sc: Scenario, run: PolicyRun) -> Outcome:
             uu = u2[mine][at]
             wait[at] = np.where(uu < cw, np.log(np.maximum(cw, 1e-300) / np.maximum(uu, 1e-300)) / theta, 0.0)
         latency[mine] = c.rtt_ms / 1000 + svc + wait
+    unserved = 1 - np.minimum(run.shares.sum(axis=1), 1.0)  # capacity short of the hour's demand
+    failed += int(np.round(unserved * np.bincount(r.hour, minlength=r.hours)).sum())
     tokens = float(r.tokens.sum())
     by_cloud = {c.name: float(np.sum(run.shares[:, i] * (sc.ctx_h + sc.gen_h))) for i, c in enumerate(sc.clouds)}
     p50, p99 = np.quantile(latency, [0.5, 0.99]) if len(r) else (0.0, 0.0)
