@@ -25,7 +25,6 @@ import math
 from dataclasses import dataclass, field
 
 import numpy as np
-from scipy.optimize import linprog
 
 from crosscloud.pool.placement import Considered
 
@@ -241,6 +240,8 @@ def fill_cheapest(prices: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> np.ndar
 
 def solve_shares(prices: np.ndarray, lo: np.ndarray, hi: np.ndarray, tails: np.ndarray | None) -> tuple[np.ndarray, bool]:
     """The cheapest shares within the bounds (and the tail row when given); ``False`` when the tail row cannot hold."""
+    from scipy.optimize import linprog  # here, as price_timing does: a DAG file that imports this parses fast
+
     serve = min(1.0, float(hi.sum()))
     if tails is None:
         return fill_cheapest(prices, lo, hi), True
