@@ -22,7 +22,8 @@ from s3servers import free_port
 
 from crosscloud.artifacts.preheat import TransferReport, fetch
 from crosscloud.core.federation import load_federation
-from crosscloud.serving.replica import ReplicaError, ServeSpec, bring_up, start_local, stop_local, take_down, wait_ready
+from crosscloud.serving.replica import (ReplicaError, ServeSpec, bring_up, find_local, start_local, stop_local, take_down,
+                                        wait_ready)
 from crosscloud.serving.router import Endpoint, Router, RouterError
 from crosscloud.serving.server import CLOUD_HEADER
 from crosscloud.store.chunks import BlobRef, put_blob
@@ -232,3 +233,13 @@ def test_a_grid_request_drains_a_cloud_and_its_traffic_returns_afterwards(servin
     assert all(s["errors_5xx"] == 0 for s in router.status().values()), router.status()
     assert before.get("shanghai", 0) > 0 and "shanghai" not in shed and shed.get("beijing", 0) > 0, (before, shed)
     assert after.get("shanghai", 0) > 0.3 * sum(after.values()), after
+
+
+def test_a_router_bound_to_a_tenants_jurisdiction_never_takes_a_cloud_outside_it(tmp_path):
+    """Residency: a CN tenant's router refuses singapore before any replica starts there, whatever the weights."""
+    spec = ServeSpec(tenant=TENANT, name="resident", model="0" * 64, program=PROGRAM, args=ARGS)
+    router = Router(tmp_path, free_port(), jurisdictions=frozenset({"CN"}))
+    with pytest.raises(RouterError, match=r"singapore is in SG; .* only to \['CN'\]"):
+        bring_up(router, spec, "singapore", free_port())
+    assert find_local(spec, "singapore") is None and router.endpoints == {}
+    router.admits(Endpoint("beijing", 0, "127.0.0.1", 1, "CN"))

@@ -24,7 +24,7 @@ import httpx
 from crosscloud.backends.base import Handle, SubTaskSpec
 from crosscloud.backends.kubernetes import LABEL, PoolRequest, namespace
 from crosscloud.backends.local import LocalBackend
-from crosscloud.core.federation import Cloud
+from crosscloud.core.federation import Cloud, load_federation
 from crosscloud.serving.router import Endpoint, Router
 
 VLLM_IMAGE = "vllm/vllm-openai:v0.11.0"
@@ -109,9 +109,11 @@ def stop_local(handle: Handle, grace_s: float = 10.0) -> None:
 def bring_up(router: Router, spec: ServeSpec, cloud: str, port: int, index: int = 0, timeout_s: float = 90.0) -> Handle:
     """Start a replica on a local cloud, wait until it answers, and put it behind the router at weight 0 until
     HAProxy's own check passed: from then on ``router.set_weights`` may give its cloud a share."""
+    where = load_federation(spec.federation).cloud(cloud).jurisdiction
+    router.admits(Endpoint(cloud, index, "127.0.0.1", port, where))  # before a process starts for nothing
     handle = start_local(spec, cloud, port, index)
     wait_ready(handle, timeout_s)
-    endpoint = Endpoint(cloud, index, "127.0.0.1", int(handle["url"].rsplit(":", 1)[1]))
+    endpoint = Endpoint(cloud, index, "127.0.0.1", int(handle["url"].rsplit(":", 1)[1]), where)
     router.add(endpoint)
     router.wait_healthy(endpoint.server, timeout_s)
     return handle

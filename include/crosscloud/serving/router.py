@@ -10,6 +10,8 @@ added with ``add server`` at weight 0 and receives a share only once a health
 check of HAProxy's own has passed, so a cloud whose model is not warm and
 loaded never gets a request. Connection failures, empty responses and 503s
 (a replica's queue full, or a replica stopping) are retried on another server.
+A router bound to a tenant's jurisdictions refuses to add a replica outside
+them, so its requests cannot reach such a cloud whatever the weights say.
 """
 
 from __future__ import annotations
@@ -42,6 +44,7 @@ class Endpoint:
     index: int
     host: str
     port: int
+    jurisdiction: str = ""  # the cloud's: a router bound to a tenant's jurisdictions refuses any other
 
     @property
     def server(self) -> str:
@@ -99,8 +102,9 @@ def _passed(row: dict[str, str]) -> bool:
 class Router:
     """A real HAProxy process and its runtime API: the only way traffic shares change."""
 
-    def __init__(self, folder: Path, port: int, check_ms: int = 300):
+    def __init__(self, folder: Path, port: int, check_ms: int = 300, jurisdictions: frozenset[str] | None = None):
         self.folder, self.port, self.check_ms = Path(folder), port, check_ms
+        self.jurisdictions = frozenset(jurisdictions) if jurisdictions is not None else None  # None: anywhere
         self.socket = self.folder / "admin.sock"
         self.log = self.folder / "haproxy.log"
         self.proc: subprocess.Popen | None = None
@@ -115,11 +119,21 @@ class Router:
     def attach(cls, folder: Path) -> Router:
         """The router another process started in ``folder`` (a DAG task, the CLI): its replicas read from HAProxy."""
         info = json.loads((Path(folder) / "router.json").read_text())
-        router = cls(Path(folder), info["port"], info["check_ms"])
+        allowed = info.get("jurisdictions")
+        router = cls(Path(folder), info["port"], info["check_ms"], None if allowed is None else frozenset(allowed))
+        places = info.get("places", {})
         for name, row in router.servers().items():
             cloud, _, index = name.rpartition("-")
-            router.endpoints[name] = Endpoint(cloud, int(index), row["srv_addr"], int(row["srv_port"]))
+            router.endpoints[name] = Endpoint(cloud, int(index), row["srv_addr"], int(row["srv_port"]), places.get(name, ""))
         return router
+
+    def _save(self) -> None:
+        """What another process needs to attach: the port, the check interval, the jurisdictions, each replica's."""
+        info = {"port": self.port, "check_ms": self.check_ms, "url": self.url,
+                "pid": self.proc.pid if self.proc else json.loads((self.folder / "router.json").read_text())["pid"],
+                "jurisdictions": None if self.jurisdictions is None else sorted(self.jurisdictions),
+                "places": {name: ep.jurisdiction for name, ep in self.endpoints.items()}}
+        (self.folder / "router.json").write_text(json.dumps(info))
 
     def start(self, timeout_s: float = 10.0) -> None:
         """Write the configuration, check it, start haproxy in the foreground and wait for its admin socket."""
@@ -139,8 +153,7 @@ class Router:
                 raise RouterError(f"haproxy exited with {self.proc.returncode}: {self.log.read_text()[-800:]}")
             try:
                 self.command("show info")
-                (self.folder / "router.json").write_text(json.dumps(
-                    {"port": self.port, "check_ms": self.check_ms, "pid": self.proc.pid, "url": self.url}))
+                self._save()
                 return
             except OSError:
                 time.sleep(0.05)
@@ -174,14 +187,22 @@ class Router:
             raise RouterError(f"haproxy refused {line!r}: {answer}")
         return answer
 
+    def admits(self, endpoint: Endpoint) -> None:
+        """Refuse a replica outside the jurisdictions this router's requests may go to."""
+        if self.jurisdictions is not None and endpoint.jurisdiction not in self.jurisdictions:
+            raise RouterError(f"cloud {endpoint.cloud} is in {endpoint.jurisdiction or 'no declared jurisdiction'}; this "
+                              f"router serves requests that may go only to {sorted(self.jurisdictions)}: not added")
+
     def add(self, endpoint: Endpoint) -> None:
         """Put a replica behind the router at weight 0; it takes traffic once healthy and given a share."""
+        self.admits(endpoint)
         name = f"{BACKEND}/{endpoint.server}"
         self._expect(f"add server {name} {endpoint.host}:{endpoint.port} weight 0 "
                      f"check inter {self.check_ms} fall 3 rise 1", bad=("No such", "Require", "Unknown", "error"))
         self._expect(f"enable health {name}")
         self._expect(f"enable server {name}")
         self.endpoints[endpoint.server] = endpoint
+        self._save()
 
     def remove(self, server: str, timeout_s: float = 60.0) -> None:
         """Take a replica out for good: no new requests, wait until its in-flight ones finished, delete it."""
@@ -194,6 +215,7 @@ class Router:
         self._expect(f"del server {name}")
         self.endpoints.pop(server, None)
         self.admitted.discard(server)
+        self._save()
 
     def servers(self) -> dict[str, dict[str, str]]:
         """``show servers state`` of the backend, by server name: op and admin state, weight, check result."""
