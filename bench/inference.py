@@ -198,6 +198,10 @@ def main(argv=None) -> int:
     reduction = 100 * (1 - mine.usd_per_mtoken / base.usd_per_mtoken)
     frac = ((base.electricity_usd - mine.electricity_usd) / (base.electricity_usd - best.electricity_usd)
             if base.electricity_usd > best.electricity_usd else float("nan"))
+    if cut:
+        print(f"crosscloud's reasons at hour {cut.start_h} (grid request on {cut.cut.cloud}):")
+        for c in runs[2].plans[cut.start_h].considered:
+            print(f"  {c.cloud}/{c.accelerator}: {c.reason}")
     live = live_figures(args) or modelled_live_figures(sc, cut, mine.failed)
     print(f"live figures: {live['source']}")
     print(f"crosscloud vs nearest cloud: {100 * (1 - mine.usd_per_mtoken / out['nearest'].usd_per_mtoken):.1f} % "

@@ -79,7 +79,7 @@ class Scenario:
             price = price_per_token(rt, *self.mix, p, c.pue, rent, self.goal.max_utilisation)
             out.append(CloudOffer(c.name, c.accelerator, c.jurisdiction, tps, price.total, c.rtt_ms, svc, c.devices,
                                   rt.devices_per_replica, self.model.batch, rt.busy_w, rt.idle_w, c.pue,
-                                  warm=h >= c.warm_from_h))
+                                  warm=h >= c.warm_from_h, electricity_per_token=price.electricity))
         return out
 
     def cuts_at(self, h: int) -> list[GridCut]:

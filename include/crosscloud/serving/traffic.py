@@ -49,6 +49,7 @@ class CloudOffer:
     idle_w: float
     pue: float
     warm: bool = True
+    electricity_per_token: float | None = None  # the electricity part of the price, shown in the reasons
 
     @property
     def replica_tps(self) -> float:
@@ -287,8 +288,9 @@ def place_traffic(goal: Goal, offers: list[CloudOffer], cuts: list[GridCut] = ()
         plan.cost_usd_per_s += tps * o.price_per_token
         if not o.warm:
             plan.preheat_first.append(o.name)
-        detail = (f"{reason}; {o.price_per_token * 1e6:.4f} USD/1M tokens, rtt {o.rtt_ms:.0f} ms, "
+        elec = f" (electricity {o.electricity_per_token * 1e6:.4f})" if o.electricity_per_token is not None else ""
+        detail = (f"{reason}; {o.price_per_token * 1e6:.4f} USD/1M tokens{elec}, rtt {o.rtt_ms:.0f} ms, "
                   f"P(latency > goal) {tail:.3f}") if usable else reason
-        plan.considered.append(Considered(o.name, o.accelerator, v > 1e-9,
+        plan.considered.append(Considered(o.name, o.accelerator, bool(v > 1e-9),
                                           f"{detail}; share {shares[o.name]:.3f}" if usable else detail))
     return plan
