@@ -230,9 +230,20 @@ def test_a_grid_request_drains_a_cloud_and_its_traffic_returns_afterwards(servin
     assert load.failures() == [], load.failures()[:5]
     assert during["state"] == "drain" and during["healthy"] and during["weight"] > 0, during
     assert router.status()["shanghai-0"]["state"] == "ready"
-    assert all(s["errors_5xx"] == 0 for s in router.status().values()), router.status()
     assert before.get("shanghai", 0) > 0 and "shanghai" not in shed and shed.get("beijing", 0) > 0, (before, shed)
     assert after.get("shanghai", 0) > 0.3 * sum(after.values()), after
+    assert all(s["errors_5xx"] == 0 for s in router.status().values()), router.status()
+
+
+def test_an_attached_router_stops_the_haproxy_another_process_started(tmp_path):
+    started = Router(tmp_path / ("a" * 40), free_port())  # a folder too long for a socket path of its own
+    try:
+        started.start()
+    except RouterError as exc:
+        unavailable(str(exc))
+    assert len(str(started.socket)) < 100 and started.proc.poll() is None
+    Router.attach(started.folder).stop(grace_s=5)
+    assert started.proc.wait(timeout=5) is not None
 
 
 def test_a_router_bound_to_a_tenants_jurisdiction_never_takes_a_cloud_outside_it(tmp_path):

@@ -16,11 +16,15 @@ them, so its requests cannot reach such a cloud whatever the weights say.
 
 from __future__ import annotations
 
+import hashlib
 import json
+import os
 import re
 import shutil
+import signal
 import socket
 import subprocess
+import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -94,6 +98,35 @@ def haproxy_binary() -> str:
     return found
 
 
+def _socket_path(folder: Path) -> Path:
+    """``folder/admin.sock``, or a short path in the temporary folder when that one exceeds a socket's 107 bytes."""
+    path = folder / "admin.sock"
+    if len(str(path)) < 100:
+        return path
+    return Path(tempfile.gettempdir()) / f"crosscloud-router-{hashlib.sha256(str(path).encode()).hexdigest()[:16]}.sock"
+
+
+def _recorded_haproxy(folder: Path) -> int | None:
+    """The pid router.json records, if that process still runs haproxy on this folder's configuration."""
+    import psutil
+
+    try:
+        pid = json.loads((folder / "router.json").read_text())["pid"]
+        return pid if str(folder / "haproxy.cfg") in psutil.Process(pid).cmdline() else None
+    except (OSError, KeyError, ValueError, psutil.Error):
+        return None
+
+
+def _alive(pid: int, proc: subprocess.Popen | None) -> bool:
+    if proc is not None:
+        return proc.poll() is None  # our child: reaped here, or it would linger as a zombie
+    try:
+        os.kill(pid, 0)
+        return True
+    except ProcessLookupError:
+        return False
+
+
 def _passed(row: dict[str, str]) -> bool:
     """A ``show servers state`` row of a server that is up with a health check passed (not merely enabled)."""
     return row.get("srv_op_state") == RUNNING and row.get("srv_check_result") in CHECK_PASSED
@@ -103,9 +136,9 @@ class Router:
     """A real HAProxy process and its runtime API: the only way traffic shares change."""
 
     def __init__(self, folder: Path, port: int, check_ms: int = 300, jurisdictions: frozenset[str] | None = None):
-        self.folder, self.port, self.check_ms = Path(folder), port, check_ms
+        self.folder, self.port, self.check_ms = Path(folder).resolve(), port, check_ms
         self.jurisdictions = frozenset(jurisdictions) if jurisdictions is not None else None  # None: anywhere
-        self.socket = self.folder / "admin.sock"
+        self.socket = _socket_path(self.folder)
         self.log = self.folder / "haproxy.log"
         self.proc: subprocess.Popen | None = None
         self.endpoints: dict[str, Endpoint] = {}
@@ -144,9 +177,9 @@ class Router:
         checked = subprocess.run([binary, "-c", "-q", "-f", str(config)], check=False, capture_output=True, text=True)
         if checked.returncode:
             raise RouterError(f"haproxy refused {config}: {checked.stderr.strip() or checked.stdout.strip()}")
-        with open(self.log, "ab") as log:
+        with open(self.log, "ab") as log:  # its own session: it outlives the task that started it, like a sub-task
             self.proc = subprocess.Popen([binary, "-db", "-f", str(config)], stdout=log, stderr=subprocess.STDOUT,
-                                         stdin=subprocess.DEVNULL)
+                                         stdin=subprocess.DEVNULL, start_new_session=True)
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
@@ -160,15 +193,19 @@ class Router:
         self.stop()
         raise RouterError(f"haproxy's admin socket {self.socket} did not answer within {timeout_s:.0f} s")
 
-    def stop(self) -> None:
-        """Stop haproxy (SIGTERM: it closes its listeners and exits)."""
-        if self.proc and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+    def stop(self, grace_s: float = 30.0) -> None:
+        """Stop haproxy softly (SIGUSR1: no new connections, in-flight requests finish), then for good after ``grace_s``.
+
+        An attached router stops the process its starter recorded, if that is still this folder's haproxy.
+        """
+        pid = self.proc.pid if self.proc else _recorded_haproxy(self.folder)
+        for sig, wait in ((signal.SIGUSR1, grace_s), (signal.SIGKILL, 5.0)):
+            if pid is None or not _alive(pid, self.proc):
+                return
+            os.kill(pid, sig)
+            deadline = time.monotonic() + wait
+            while _alive(pid, self.proc) and time.monotonic() < deadline:
+                time.sleep(0.05)
 
     def command(self, line: str) -> str:
         """One runtime API command; its answer as text (the socket closes after each answer)."""
