@@ -11,7 +11,8 @@ Scenario (defaults; every one is an argument, see ``--help`` and ``docs/serving.
 * **Prices**: real hourly prices ``--start`` 2023-07-10 to ``--end`` 2023-07-12
   (72 h) of the clouds' regions (``--regions`` overrides the clouds file's);
   decisions see the day-ahead price (published 12:00 UTC for the next day;
-  ``--no-day-ahead``: a seasonal-naive forecast beyond the decision hour).
+  ``--no-day-ahead``: a seasonal-naive forecast, its lag chosen per region
+  on the two weeks before, ``hour_ahead_lags``).
 * **Clouds**: ``--clouds`` (``bench/inference_clouds.yaml``): six clouds, one per
   region, with accelerators, devices, PUE and round trip from the users; the
   model (``--params-b`` 70, 4 devices a replica, batch 32) and its rates come
@@ -110,7 +111,7 @@ def build(args) -> Scenario:
     feed = CsvFeed(ddir, args.year)
     series = {c.region: feed.prices(c.region) for c in clouds}
     prices = np.array([series[c.region].window(t0, hours) for c in clouds]).T  # raises on a gap
-    oracle = PriceOracle(series, day_ahead=not args.no_day_ahead)
+    oracle = PriceOracle(series, hour_ahead_lags(series, t0), day_ahead=not args.no_day_ahead)
 
     def seen(h: int) -> np.ndarray:  # decided in the hour before: day-ahead knows it, else a forecast
         return np.array([oracle.view(c.region, t0 + h - 1, t0 + h, 1)[0] for c in clouds])
@@ -120,6 +121,23 @@ def build(args) -> Scenario:
     step = max(1, len(trace) // 4000)
     sample = (trace.context[::step], trace.generated[::step])
     return Scenario(replay, clouds, rates, model, goal, prices, seen, rental, sample)
+
+
+def hour_ahead_lags(series: dict, t0: int, weeks: int = 2, lags=(1, 24, 168)) -> dict[str, int]:
+    """Per region, the seasonal-naive lag with the least one-hour-ahead error over the weeks before ``t0``.
+
+    Used only without day-ahead prices (``--no-day-ahead``): a decision then
+    forecasts the next hour, where the last hour (lag 1) often beats a day ago.
+    """
+    out = {}
+    for region, s in series.items():
+        errors = {}
+        for lag in lags:
+            pairs = [(s.get(t), s.get(t - lag)) for t in range(t0 - weeks * 168, t0)]
+            diffs = [abs(a - b) for a, b in pairs if a is not None and b is not None]
+            errors[lag] = sum(diffs) / len(diffs) if diffs else float("inf")
+        out[region] = min(lags, key=errors.get)
+    return out
 
 
 def grid_request(sc: Scenario, spec: str) -> TimedCut | None:
