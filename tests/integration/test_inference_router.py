@@ -214,6 +214,20 @@ def test_a_cloud_gets_traffic_only_once_its_model_is_warm(serving, model):
     assert load.failures() == [], load.failures()[:5]
 
 
+def test_a_replica_whose_program_builds_another_model_says_so_at_once(serving):
+    """Warm weights that the program's model cannot take (another size): /health fails with the reason, no waiting."""
+    spec, _, _ = serving
+    wrong = ServeSpec(tenant=TENANT, name="wrong-size", model=spec.model, program=PROGRAM, args={**ARGS, "model_size": "small"})
+    handle = start_local(wrong, "beijing", free_port())
+    try:
+        started = time.monotonic()
+        with pytest.raises(ReplicaError, match=r"could not load its model: ProgramError: .* do not fit .*embed.weight is \(256, 64\) in them, \(256, 128\) here"):
+            wait_ready(handle, timeout_s=60)
+        assert time.monotonic() - started < 30
+    finally:
+        stop_local(handle)
+
+
 def test_a_grid_request_drains_a_cloud_and_its_traffic_returns_afterwards(serving):
     """The grid request is answered as a DAG task would: through the router another process started."""
     _, started, _ = serving

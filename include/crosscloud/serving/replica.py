@@ -95,7 +95,9 @@ def wait_ready(handle: Handle, timeout_s: float = 60.0) -> dict:
             answer = httpx.get(f"{handle['url']}/health", timeout=2)
             if answer.status_code == 200:
                 return answer.json()
-        except httpx.HTTPError:
+            if answer.json().get("status") == "failed":  # the model did not load: waiting longer will not help
+                raise ReplicaError(f"replica on {handle['cloud']} could not load its model: {answer.json()['error']}")
+        except (httpx.HTTPError, ValueError):
             pass
         time.sleep(0.1)
     raise ReplicaError(f"replica on {handle['cloud']} not ready within {timeout_s:.0f} s: {backend.logs(handle)[0][-1500:]}")

@@ -78,7 +78,9 @@ frontend clients
     default_backend {BACKEND}
 
 backend {BACKEND}
-    balance roundrobin
+    # weighted random, one draw: no per-server position state to go stale when weights change at run time (with
+    # roundrobin, HAProxy 2.6 starved a server whose weight went 256 -> 128 while another's went 0 -> 128)
+    balance random(1)
     option httpchk GET /health
     http-check expect status 200
     # servers are added through the runtime API (add server), each with: check inter {check_ms} fall 3 rise 1

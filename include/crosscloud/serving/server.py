@@ -43,8 +43,8 @@ from crosscloud.store.base import ObjectNotFound, ObjectStore
 from crosscloud.store.chunks import BlobRef, read_blob, warmth
 from crosscloud.store.open_store import open_store
 from crosscloud.store.tensors import from_bytes
-from crosscloud.training.program import load_program, program_family, program_source
-from crosscloud.training.session import load_params
+from crosscloud.training.program import ProgramError, load_program, program_family, program_source
+from crosscloud.training.session import load_params, parameters
 
 MAX_TOKENS = 256  # the most tokens one request may ask for: a request's time stays bounded
 QUEUE = 64  # requests waiting for the worker beyond which a replica answers 503 (the router retries elsewhere)
@@ -167,7 +167,13 @@ def build_engine(program: str, args: dict, weights: bytes, tokenizer: str | None
     path = program_source(program)
     module = load_program(path, program)
     model = module.build_model(args)
-    load_params(model, from_bytes(weights))  # names and shapes must be the program's own
+    values = from_bytes(weights)
+    for name, param in parameters(model).items():
+        if name in values and values[name].shape != param.shape:
+            raise ProgramError(f"the served weights do not fit the model build_model({args}) builds: {name} is "
+                               f"{tuple(values[name].shape)} in them, {tuple(param.shape)} here; give the program the "
+                               "args the model was trained with (the run's program_args, model_size)")
+    load_params(model, values)  # names must be the program's own
     return Engine(model, tokenizer_for(program_family(module, program), module, tokenizer))
 
 
@@ -196,7 +202,7 @@ class CompletionRequest(BaseModel):
     stream: bool = False
 
 
-class Replica:
+class Service:
     """One serving process's state: what it serves, whether it is ready, and its one generation worker."""
 
     def __init__(self, cloud: str, name: str, load, queue: int = QUEUE):
@@ -292,7 +298,7 @@ def _event(body: dict) -> str:
     return f"data: {json.dumps(body)}\n\n"
 
 
-def create_app(replica: Replica) -> FastAPI:
+def create_app(replica: Service) -> FastAPI:
     """The HTTP surface: completions, health, and the one model this replica serves."""
     @asynccontextmanager
     async def lifespan(_app: FastAPI):
@@ -344,7 +350,7 @@ def main(argv: list[str] | None = None) -> int:
         export_hf(build_engine(opts.program, program_args, weights, opts.tokenizer), opts.tokenizer, opts.export)
         print(f"crosscloud serve: model {ref.sha256[:12]} written to {opts.export}")
         return 0
-    replica = Replica(opts.cloud, opts.name or f"crosscloud-{ref.sha256[:12]}",
+    replica = Service(opts.cloud, opts.name or f"crosscloud-{ref.sha256[:12]}",
                       lambda: build_engine(opts.program, program_args, weights, opts.tokenizer), opts.queue)
     uvicorn.run(create_app(replica), host=opts.host, port=opts.port, log_level="warning", access_log=False,
                 timeout_graceful_shutdown=30)
