@@ -1,7 +1,8 @@
 """One entry point for clients in front of every cloud's serving replicas: HAProxy, steered at run time.
 
 HAProxy (Debian's ``haproxy``, 2.6 or later) listens on 127.0.0.1 with one
-backend holding one server per cloud replica, health-checked on ``/health``.
+backend holding one server per cloud replica, health-checked on ``/health``;
+each request picks a replica by weighted random, so shares follow the weights.
 Nothing is ever reloaded: weights, drains and new replicas go through the
 runtime API (a stats socket at ``level admin``). A weight change only steers
 the next requests, so an in-flight request always finishes on the replica it
