@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from crosscloud.core.federation import DEFAULT_FEDERATION, load_federation
-from crosscloud.serving.replica import VLLM_PORT, ServeSpec, vllm_deployment
+from crosscloud.serving.replica import VLLM_PORT, ServeSpec, federation_configmap, vllm_deployment
 from crosscloud.serving.server import NotWarm, build_engine, export_hf, model_ref, warm_weights
 from crosscloud.store.base import LocalStore
 from crosscloud.store.chunks import put_blob
@@ -84,3 +84,9 @@ def test_the_vllm_deployment_is_a_valid_manifest_on_the_pools_accelerator():
     assert init["command"][:3] == ["python", "-m", "crosscloud.serving.server"] and "--export" in init["command"]
     assert init["command"][init["command"].index("--cloud") + 1] == "wuhan"  # the warm check runs on wuhan's store
     assert manifest["metadata"]["namespace"] == "crosscloud"
+    assert init["command"][init["command"].index("--federation") + 1] == "/etc/crosscloud/federation.yaml"
+    secrets = [e["valueFrom"]["secretKeyRef"] for e in init["env"] if "valueFrom" in e]
+    assert secrets and all(set(ref) <= {"name", "key", "optional"} for ref in secrets)  # keys by reference, never values
+    configmap = federation_configmap(spec, wuhan, DEFAULT_FEDERATION.with_name("federation.remote.yaml").read_text())
+    kubernetes_validate.validate(configmap, K8S_VERSION, strict=True)
+    assert {"name": "federation", "configMap": {"name": configmap["metadata"]["name"]}} in pod["volumes"]

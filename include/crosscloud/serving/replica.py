@@ -22,10 +22,11 @@ from dataclasses import dataclass, field
 import httpx
 
 from crosscloud.backends.base import Handle, SubTaskSpec
-from crosscloud.backends.kubernetes import LABEL, PoolRequest, namespace
+from crosscloud.backends.kubernetes import FEDERATION_MOUNT, LABEL, PoolRequest, namespace, store_secret
 from crosscloud.backends.local import LocalBackend
 from crosscloud.core.federation import Cloud, load_federation
 from crosscloud.serving.router import Endpoint, Router
+from crosscloud.store.credentials import credential_env_names
 
 VLLM_IMAGE = "vllm/vllm-openai:v0.11.0"
 VLLM_PORT = 8000
@@ -127,6 +128,28 @@ def take_down(router: Router, handle: Handle, index: int = 0) -> None:
     stop_local(handle)
 
 
+def deployment_name(spec: ServeSpec) -> str:
+    return f"serve-{spec.name}"[:63].rstrip("-")
+
+
+def _store_env(cloud: Cloud, tenant: str) -> list[dict]:
+    """The init container's settings: the cloud's plain ones, and its store keys as references to the tenant's Secret."""
+    env = [{"name": "PYTHONUNBUFFERED", "value": "1"}] + [{"name": k, "value": v} for k, v in sorted(cloud.access.env.items())]
+    secret = store_secret(cloud, tenant)
+    for var, arg in (credential_env_names(cloud.name, tenant) if secret else {}).items():
+        ref = {"name": secret, "key": arg.removeprefix("aws_"), **({"optional": True} if arg == "aws_session_token" else {})}
+        env.append({"name": var, "valueFrom": {"secretKeyRef": ref}})
+    return env
+
+
+def federation_configmap(spec: ServeSpec, cloud: Cloud, federation_text: str) -> dict:
+    """The federation file the init container reads the cloud's store from, beside the Deployment."""
+    return {"apiVersion": "v1", "kind": "ConfigMap",
+            "metadata": {"name": deployment_name(spec), "namespace": namespace(cloud),
+                         "labels": {f"{LABEL}/tenant": spec.tenant, f"{LABEL}/serve": spec.name}},
+            "data": {"federation.yaml": federation_text}}
+
+
 def vllm_deployment(spec: ServeSpec, cloud: Cloud, accelerator: str, crosscloud_image: str,
                     devices: int = 1, replicas: int = 1, vllm_image: str = VLLM_IMAGE) -> dict:
     """A Deployment serving the model with vLLM on ``devices`` of the cloud's ``accelerator`` pool.
@@ -136,17 +159,20 @@ def vllm_deployment(spec: ServeSpec, cloud: Cloud, accelerator: str, crosscloud_
     folder, OpenAI-compatible, ready when its /health answers.
     """
     pool = PoolRequest.of(cloud, accelerator)
-    name = f"serve-{spec.name}"[:63].rstrip("-")
+    name = deployment_name(spec)
     labels = {f"{LABEL}/tenant": spec.tenant, f"{LABEL}/serve": spec.name, f"{LABEL}/cloud": cloud.name}
     folder = f"{MODEL_MOUNT}/{spec.name}"
-    export = ["python", "-m", "crosscloud.serving.server", *spec.server_args(cloud.name, VLLM_PORT, "0.0.0.0"),
+    in_pod = ServeSpec(**{**spec.__dict__, "federation": f"{FEDERATION_MOUNT}/federation.yaml"})
+    export = ["python", "-m", "crosscloud.serving.server", *in_pod.server_args(cloud.name, VLLM_PORT, "0.0.0.0"),
               "--export", folder]
     serve = ["--model", folder, "--served-model-name", spec.name, "--host", "0.0.0.0", "--port", str(VLLM_PORT),
              "--tensor-parallel-size", str(devices)]
     probe = {"httpGet": {"path": "/health", "port": VLLM_PORT}, "periodSeconds": 5, "failureThreshold": 3}
     pod = {
         "initContainers": [{"name": "warm-model", "image": crosscloud_image, "command": export,
-                            "volumeMounts": [{"name": "models", "mountPath": MODEL_MOUNT}]}],
+                            "env": _store_env(cloud, spec.tenant),
+                            "volumeMounts": [{"name": "models", "mountPath": MODEL_MOUNT},
+                                             {"name": "federation", "mountPath": FEDERATION_MOUNT, "readOnly": True}]}],
         "containers": [{
             "name": "vllm", "image": vllm_image, "args": serve,
             "ports": [{"containerPort": VLLM_PORT, "name": "http"}],
@@ -156,7 +182,8 @@ def vllm_deployment(spec: ServeSpec, cloud: Cloud, accelerator: str, crosscloud_
             "volumeMounts": [{"name": "models", "mountPath": MODEL_MOUNT, "readOnly": True},
                              {"name": "shm", "mountPath": "/dev/shm"}],
         }],
-        "volumes": [{"name": "models", "emptyDir": {}}, {"name": "shm", "emptyDir": {"medium": "Memory"}}],
+        "volumes": [{"name": "models", "emptyDir": {}}, {"name": "shm", "emptyDir": {"medium": "Memory"}},
+                    {"name": "federation", "configMap": {"name": name}}],
     }
     if pool.node_selector:
         pod["nodeSelector"] = pool.node_selector
