@@ -30,6 +30,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+import psutil
+
 BACKEND = "serving"
 WEIGHT_MAX = 256  # HAProxy's largest server weight
 CHECK_PASSED = ("3", "4")  # srv_check_result: CHK_RES_PASSED, CHK_RES_CONDPASS
@@ -60,7 +62,8 @@ def haproxy_config(port: int, admin_socket: Path, check_ms: int = 300) -> str:
     """The whole configuration: a frontend, an empty backend that replicas join at run time, the admin socket."""
     return f"""global
     stats socket {admin_socket} mode 600 level admin
-    maxconn 2048
+    # 400 client connections need about 800 descriptors: within the 1024 a non-root haproxy may be held to
+    maxconn 400
 
 defaults
     mode http
@@ -111,8 +114,6 @@ def _socket_path(folder: Path) -> Path:
 
 def _recorded_haproxy(folder: Path) -> int | None:
     """The pid router.json records, if that process still runs haproxy on this folder's configuration."""
-    import psutil
-
     try:
         pid = json.loads((folder / "router.json").read_text())["pid"]
         return pid if str(folder / "haproxy.cfg") in psutil.Process(pid).cmdline() else None
@@ -123,10 +124,9 @@ def _recorded_haproxy(folder: Path) -> int | None:
 def _alive(pid: int, proc: subprocess.Popen | None) -> bool:
     if proc is not None:
         return proc.poll() is None  # our child: reaped here, or it would linger as a zombie
-    try:
-        os.kill(pid, 0)
-        return True
-    except ProcessLookupError:
+    try:  # exited but not yet reaped by its starter (a zombie) counts as gone
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
         return False
 
 
