@@ -127,7 +127,7 @@ def test_weight_changes_under_load_fail_no_request_and_the_split_follows(serving
     _, router, _ = serving
     with Load(router.url) as load:
         router.set_weights({"beijing": 1, "shanghai": 1})
-        even = phase(load, 1.5)
+        even = phase(load, 2.0)
         router.set_weights({"beijing": 3, "shanghai": 1})
         skewed = phase(load, 2.0)
         router.set_weights({"beijing": 0, "shanghai": 1})

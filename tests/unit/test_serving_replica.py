@@ -12,10 +12,13 @@ import pytest
 import torch
 
 from crosscloud.core.federation import DEFAULT_FEDERATION, load_federation
+from crosscloud.core.job import JobSpec
+from crosscloud.core.presets import preset
+from crosscloud.run.plan import Plan, ProgramRef
 from crosscloud.serving.replica import VLLM_PORT, ServeSpec, federation_configmap, vllm_deployment
-from crosscloud.serving.server import NotWarm, build_engine, export_hf, model_ref, warm_weights
+from crosscloud.serving.server import NotWarm, artifact_ref, build_engine, export_hf, program_file, warm_bytes
 from crosscloud.store.base import LocalStore
-from crosscloud.store.chunks import put_blob
+from crosscloud.store.chunks import BlobRef, put_blob
 from crosscloud.store.tensors import to_bytes
 from crosscloud.training.program import load_program, program_source
 from crosscloud.training.session import parameters
@@ -37,15 +40,34 @@ def test_a_cold_cloud_is_refused_and_a_warm_one_serves_byte_lm(tmp_path):
     cold, warm = LocalStore(tmp_path / "cold", cloud="cold"), LocalStore(tmp_path / "warm", cloud="warm")
     ref, _ = put_blob(warm, "t", data, kind="model")
     with pytest.raises(NotWarm, match="preheat the model to cold"):
-        model_ref(cold, "t", ref.sha256)
+        artifact_ref(cold, "t", ref.sha256)
     with pytest.raises(NotWarm, match="not warm here"):
-        warm_weights(cold, "t", ref)
-    assert model_ref(warm, "t", ref.sha256) == ref
-    engine = build_engine("examples/byte_lm/train.py", args, warm_weights(warm, "t", ref), None)
+        warm_bytes(cold, "t", ref)
+    assert artifact_ref(warm, "t", ref.sha256) == ref
+    code, _ = put_blob(warm, "t", (ROOT / "examples/byte_lm/train.py").read_bytes(), kind="program")
+    with pytest.raises(NotWarm, match="program .* not warm here"):
+        program_file(cold, "t", "train.py", f"{code.sha256}:{code.size}")
+    program = program_file(warm, "t", "train.py", f"{code.sha256}:{code.size}")  # the code as the run stored it
+    assert Path(program).name == "train.py" and Path(program).read_bytes() == (ROOT / "examples/byte_lm/train.py").read_bytes()
+    engine = build_engine(program, args, warm_bytes(warm, "t", ref), None)
     text, prompt, completion, reason = engine.complete("def ", 12, 0.0)
     assert (prompt, completion, reason) == (4, 12, "length")
     assert engine.complete("def ", 12, 0.0)[0] == text  # greedy: the same answer every time
     assert engine.complete("x" * 200, 3, 1.0, seed=5)[2] == 3  # a prompt longer than the context is cut to it
+
+
+def test_a_runs_plan_gives_what_to_serve_its_stored_program_and_its_args():
+    spec = JobSpec(tenant="team-a", seed=7, model_size="tiny", program_args={"size": "tiny"})
+    code, weights = BlobRef(sha256="c" * 64, size=10), BlobRef(sha256="w" * 64, size=20)
+    plan = Plan(tenant="team-a", run_id="r1", federation="f", federation_path="/f.yaml", job=spec, model=preset("tiny"),
+                outer=spec.outer, coordinator_cloud="beijing", clouds=[], candidates=[], dataset="python-stdlib",
+                shards=[], held_out=[], init=weights,
+                program=ProgramRef(name="examples/hf_causal_lm/train.py", file="train.py", code=code, family="hf-causal-lm"))
+    serve = ServeSpec.from_plan(plan, "gpt2-tiny", weights, tokenizer="/t/tokenizer.json")
+    args = serve.server_args("beijing", 8101)
+    assert args[args.index("--program-code") + 1] == f"{'c' * 64}:10" and args[args.index("--program") + 1] == "train.py"
+    assert json.loads(args[args.index("--args") + 1]) == {"seed": 7, "lr": spec.inner_lr, "model_size": "tiny", "size": "tiny"}
+    assert args[args.index("--model") + 1] == f"{'w' * 64}:20" and args[args.index("--federation") + 1] == "/f.yaml"
 
 
 def test_hf_causal_lm_served_with_its_bpe_and_exported_for_vllm(tmp_path):

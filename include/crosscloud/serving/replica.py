@@ -26,6 +26,8 @@ from crosscloud.backends.kubernetes import FEDERATION_MOUNT, LABEL, PoolRequest,
 from crosscloud.backends.local import LocalBackend
 from crosscloud.core.federation import Cloud, load_federation
 from crosscloud.serving.router import Endpoint, Router
+from crosscloud.run.plan import Plan
+from crosscloud.store.chunks import BlobRef
 from crosscloud.store.credentials import credential_env_names
 
 VLLM_IMAGE = "vllm/vllm-openai:v0.11.0"
@@ -48,12 +50,24 @@ class ServeSpec:
     args: dict = field(default_factory=dict)
     tokenizer: str | None = None
     federation: str | None = None
+    program_code: str | None = None  # sha256:size of the program's code blob, as a run stored it
+
+    @classmethod
+    def from_plan(cls, plan: Plan, name: str, model: BlobRef, tokenizer: str | None = None) -> ServeSpec:
+        """What a run trained, served: its program's stored code, its program args, its final weights (``model``)."""
+        if plan.program is None:
+            raise ReplicaError(f"run {plan.run_id} names no training program: nothing can build its model")
+        code = plan.program.code
+        return cls(tenant=plan.tenant, name=name, model=f"{model.sha256}:{model.size}", program=plan.program.file,
+                   args=plan.spec.program_run_args(), tokenizer=tokenizer, federation=plan.federation_path,
+                   program_code=f"{code.sha256}:{code.size}")
 
     def server_args(self, cloud: str, port: int, host: str = "127.0.0.1") -> list[str]:
         """The server's command-line arguments on ``cloud``."""
         args = ["--cloud", cloud, "--tenant", self.tenant, "--model", self.model, "--program", self.program,
                 "--args", json.dumps(self.args), "--name", self.name, "--host", host, "--port", str(port)]
         args += ["--tokenizer", self.tokenizer] if self.tokenizer else []
+        args += ["--program-code", self.program_code] if self.program_code else []
         return args + (["--federation", self.federation] if self.federation else [])
 
 

@@ -292,11 +292,13 @@ class Router:
         return _passed(self.servers().get(server, {}))
 
     def wait_healthy(self, server: str, timeout_s: float = 30.0) -> None:
+        """Block until HAProxy's own check of the replica passed: from then on set_weights may give it a share."""
         deadline = time.monotonic() + timeout_s
         while not self.healthy(server):
             if time.monotonic() > deadline:
                 raise RouterError(f"replica {server} did not pass haproxy's health check within {timeout_s:.0f} s")
             time.sleep(0.05)
+        self.admitted.add(server)
 
     def set_weights(self, shares: dict[str, float]) -> dict[str, int]:
         """Give each cloud its share of new requests, split over its healthy replicas; returns the server weights.

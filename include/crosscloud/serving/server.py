@@ -43,7 +43,7 @@ from crosscloud.store.base import ObjectNotFound, ObjectStore
 from crosscloud.store.chunks import BlobRef, read_blob, warmth
 from crosscloud.store.open_store import open_store
 from crosscloud.store.tensors import from_bytes
-from crosscloud.training.program import ProgramError, load_program, program_family, program_source
+from crosscloud.training.program import ProgramError, load_program, local_file, program_family, program_source
 from crosscloud.training.session import load_params, parameters
 
 MAX_TOKENS = 256  # the most tokens one request may ask for: a request's time stays bounded
@@ -55,29 +55,39 @@ class NotWarm(RuntimeError):
     """The model is not complete in this cloud's store: serving it would pull it over the WAN on the first request."""
 
 
-def model_ref(store: ObjectStore, tenant: str, model: str) -> BlobRef:
-    """The artifact ``model`` names: a safetensors file (its content), ``sha256:size`` or a bare sha256."""
-    path = Path(model)
+def artifact_ref(store: ObjectStore, tenant: str, named: str, what: str = "model") -> BlobRef:
+    """The artifact ``named`` names: a local file (its content), ``sha256:size`` or a bare sha256."""
+    path = Path(named)
     if path.is_file():
         return BlobRef.of(path.read_bytes())
-    sha, _, size = model.partition(":")
+    sha, _, size = named.partition(":")
     if size:
         return BlobRef(sha256=sha, size=int(size))
     try:
         return BlobRef(sha256=sha, size=json.loads(store.get(manifest_key(tenant, sha)))["size"])
     except ObjectNotFound:
-        raise NotWarm(f"cloud {store.cloud}: no artifact {sha[:12]} here (no manifest): preheat the model to "
+        raise NotWarm(f"cloud {store.cloud}: no artifact {sha[:12]} here (no manifest): preheat the {what} to "
                       f"{store.cloud} before starting a replica there") from None
 
 
-def warm_weights(store: ObjectStore, tenant: str, ref: BlobRef) -> bytes:
-    """The model's bytes, read only after the warm check says the cloud holds every chunk."""
+def warm_bytes(store: ObjectStore, tenant: str, ref: BlobRef, what: str = "model") -> bytes:
+    """The artifact's bytes, read only after the warm check says the cloud holds every chunk."""
     state = warmth(store, tenant, ref)
     if not state.warm:
-        what = "no manifest" if not state.manifest else f"{state.missing_bytes} of {ref.size} bytes missing"
-        raise NotWarm(f"cloud {store.cloud}: model {ref.sha256[:12]} is not warm here ({what}); preheat it "
+        missing = "no manifest" if not state.manifest else f"{state.missing_bytes} of {ref.size} bytes missing"
+        raise NotWarm(f"cloud {store.cloud}: {what} {ref.sha256[:12]} is not warm here ({missing}); preheat it "
                       f"(crosscloud.artifacts.preheat.fetch) before starting a replica on {store.cloud}")
     return read_blob(store, tenant, ref)
+
+
+def program_file(store: ObjectStore, tenant: str, program: str, code: str | None) -> str:
+    """The program to build the model with: its code blob as the run stored it (``code``: sha256[:size]), warm on
+    this cloud like the weights, so a replica builds exactly the model that was trained; else ``program`` itself."""
+    if not code:
+        return program
+    ref = artifact_ref(store, tenant, code, "program")
+    warm_bytes(store, tenant, ref, "program")
+    return str(local_file(store, tenant, ref, Path(program).name))
 
 
 class ByteTokenizer:
@@ -320,6 +330,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--tenant", required=True)
     p.add_argument("--model", required=True, help="the weights: sha256[:size] of the artifact, or a safetensors file")
     p.add_argument("--program", required=True, help="the training program that built the model (path or module)")
+    p.add_argument("--program-code", help="the program's code blob as the run stored it (sha256[:size]); must be warm "
+                   "here too. --program then only names its file")
     p.add_argument("--args", default="{}", help="the program's run.args as JSON (seed, model_size, size...)")
     p.add_argument("--tokenizer", help="hf-causal-lm: prepare.py's tokenizer.json")
     p.add_argument("--name", help="the model's name in responses (default: the artifact's sha256 prefix)")
@@ -340,18 +352,19 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(opts.threads)
     store = open_store(load_federation(opts.federation).cloud(opts.cloud), opts.tenant)
     try:
-        ref = model_ref(store, opts.tenant, opts.model)
-        weights = warm_weights(store, opts.tenant, ref)
+        ref = artifact_ref(store, opts.tenant, opts.model)
+        weights = warm_bytes(store, opts.tenant, ref)
+        program = program_file(store, opts.tenant, opts.program, opts.program_code)
     except NotWarm as exc:
         print(f"crosscloud serve: refused to start: {exc}", file=sys.stderr)
         return 3
     program_args = json.loads(opts.args)
     if opts.export:
-        export_hf(build_engine(opts.program, program_args, weights, opts.tokenizer), opts.tokenizer, opts.export)
+        export_hf(build_engine(program, program_args, weights, opts.tokenizer), opts.tokenizer, opts.export)
         print(f"crosscloud serve: model {ref.sha256[:12]} written to {opts.export}")
         return 0
     replica = Service(opts.cloud, opts.name or f"crosscloud-{ref.sha256[:12]}",
-                      lambda: build_engine(opts.program, program_args, weights, opts.tokenizer), opts.queue)
+                      lambda: build_engine(program, program_args, weights, opts.tokenizer), opts.queue)
     uvicorn.run(create_app(replica), host=opts.host, port=opts.port, log_level="warning", access_log=False,
                 timeout_graceful_shutdown=30)
     return 0
