@@ -307,7 +307,9 @@ class Router:
         gets weight 0. A replica that passed once keeps its share while a check
         fails: HAProxy itself sends nothing to a server it marked down, and gives
         it back its weight when it is up again. Shares are relative (any positive
-        scale); a positive share never rounds down to 0.
+        scale); a positive share never rounds down to 0. The largest share gets
+        weight 256: HAProxy's weighted random gives a server one point on its ring
+        per unit of weight, so larger weights split closer to the shares.
         """
         states = self.servers()
         for name in self.endpoints:
@@ -319,13 +321,13 @@ class Router:
             if name not in self.admitted:
                 continue
             by_cloud.setdefault(ep.cloud, []).append(name)
-        total = sum(max(0.0, s) for c, s in shares.items() if c in by_cloud)
+        per_replica = {c: max(0.0, shares.get(c, 0.0)) / len(names) for c, names in by_cloud.items()}
+        top = max(per_replica.values(), default=0.0)
         weights = {name: 0 for name in self.endpoints}
         for cloud, names in by_cloud.items():
-            share = max(0.0, shares.get(cloud, 0.0))
-            if share > 0 and total > 0:
+            if per_replica[cloud] > 0:  # the busiest replica at 256: weighted random's ring has the most points
                 for name in names:
-                    weights[name] = max(1, round(WEIGHT_MAX * share / total / len(names)))
+                    weights[name] = max(1, round(WEIGHT_MAX * per_replica[cloud] / top))
         for name, weight in weights.items():
             self._expect(f"set weight {BACKEND}/{name} {weight}")
         return weights
