@@ -30,11 +30,15 @@ hour, actual prices and demand, the same bounds). ``fraction_of_optimal`` =
 (unaware - crosscloud) / (unaware - optimum) on electricity cost; the
 reduction and the latency ratio are against price-unaware by capacity.
 
-The live figures (failed requests, time to shed, shed) belong to real
-requests through the router (``live_figures``); until that part lands they
-are MODELLED on the replay: failed = requests beyond a cloud's capacity,
-shed = the power model's cut on the cloud, time to shed = the measured
-re-placement time + the p99 service time of the requests in flight there.
+The live figures (failed requests, p50/p99 of each policy, bytes moved to
+warm clouds, time to shed, shed) come from real requests through the real
+router to real serving processes on 127.0.0.1 over a time-compressed slice
+of the replay (``bench/inference_live.py``; ``--live-*`` arguments). With
+``--no-live`` they are MODELLED on the replay: failed = requests beyond a
+cloud's capacity, shed = the power model's cut on the cloud, time to shed =
+the measured re-placement time + the p99 service time of the requests in
+flight there. The last line's ``p99_latency_ratio`` is then the modelled one;
+with the live part it is the live one (the modelled one is printed above it).
 """
 
 from __future__ import annotations
@@ -53,8 +57,13 @@ from crosscloud.energy.prices import UTC, CsvFeed, PriceOracle, hour_index
 from crosscloud.serving.energy import ServedModel, token_rates
 from crosscloud.serving.offline import (Scenario, TimedCut, crosscloud, evaluate, expected_demand, nearest, optimum,
                                        price_unaware)
+from crosscloud.serving.replica import ReplicaError
 from crosscloud.serving.replay import build_replay, daily_profile, read_azure_trace, read_clouds
+from crosscloud.serving.router import RouterError
 from crosscloud.serving.traffic import Goal, GridCut, place_traffic
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import inference_live  # beside this file
 
 HERE = Path(__file__).resolve().parent
 
@@ -83,6 +92,7 @@ def parse_args(argv):
     p.add_argument("--max-utilisation", type=float, default=0.9)
     p.add_argument("--grid", default="auto:10:5:30:2", help="CLOUD:PCT:WITHIN_MIN:START_H:HOURS, or 'none'")
     p.add_argument("--no-day-ahead", action="store_true")
+    inference_live.add_arguments(p)
     return p.parse_args(argv)
 
 
@@ -172,9 +182,15 @@ def modelled_live_figures(sc: Scenario, cut: TimedCut | None, failed: int) -> di
                       f"{before.shares[shed.cloud]:.3f} -> {after.shares[shed.cloud]:.3f}"}
 
 
-def live_figures(args) -> dict | None:
-    """Failed requests, time to shed and shed through the real router and servers: lands with the router (issue 26)."""
-    return None
+def live_figures(sc: Scenario, runs: list, cut: TimedCut | None, args) -> dict | None:
+    """Failed requests, latency, bytes moved, time to shed and shed through the real router and servers; None with
+    ``--no-live``."""
+    if args.no_live:
+        return None
+    try:
+        return inference_live.live_figures(sc, {run.name: run for run in runs}, cut, args)
+    except (RouterError, ReplicaError) as exc:
+        raise SystemExit(f"the live part could not run ({exc}); --no-live gives modelled figures instead") from exc
 
 
 def print_setup(sc: Scenario, args) -> None:
@@ -220,13 +236,16 @@ def main(argv=None) -> int:
         print(f"crosscloud's reasons at hour {cut.start_h} (grid request on {cut.cut.cloud}):")
         for c in runs[2].plans[cut.start_h].considered:
             print(f"  {c.cloud}/{c.accelerator}: {c.reason}")
-    live = live_figures(args) or modelled_live_figures(sc, cut, mine.failed)
+    modelled_ratio = mine.p99_s / base.p99_s
+    live = live_figures(sc, runs, cut, args) or modelled_live_figures(sc, cut, mine.failed)
     print(f"live figures: {live['source']}")
+    print(f"p99_latency_ratio: modelled on the replay {modelled_ratio:.3f}"
+          + (f", live {live['p99_latency_ratio']:.3f} (last line)" if "p99_latency_ratio" in live else " (last line)"))
     print(f"crosscloud vs nearest cloud: {100 * (1 - mine.usd_per_mtoken / out['nearest'].usd_per_mtoken):.1f} % "
           f"cheaper per token, p99 ratio {mine.p99_s / out['nearest'].p99_s:.3f}")
     print(f"wall time {time.time() - t_start:.1f} s")
     print(last_line({"cost_per_token_reduction_pct": reduction, "fraction_of_optimal": frac,
-                     "p99_latency_ratio": mine.p99_s / base.p99_s, **live}))
+                     "p99_latency_ratio": modelled_ratio, **live}))
     return 0
 
 

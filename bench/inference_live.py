@@ -1,0 +1,338 @@
+"""The live figures of ``make bench-inference``: real requests through the real router to real serving processes.
+
+A time-compressed slice of the replay (``--live-hours`` replay hours around the
+grid request, ``--live-seconds-per-hour`` seconds each) is served on 127.0.0.1
+by three local clouds named after replay clouds: the grid request's cloud and
+the two others crosscloud loads most in the slice. Each has a file store in a
+temporary folder (its own state folder and federation file). The model is a
+byte_lm model: the final weights of the tenant's newest run in the state
+folder if it trained one with the byte_lm program, else a freshly built tiny
+one (random weights; the output says which). It is stored in the first
+cloud's store and preheated to the second; the third is preheated and brought
+up in the slice's hour 1 ("a cloud added after preheat"; for the second policy
+it is already warm and up, and gets no share before hour 1).
+
+Each policy (price-unaware, crosscloud) replays the same slice: requests at
+``--live-rps`` (``max_tokens`` ``--live-max-tokens``) from a thread pool, and
+at each hour's start the router's weights are that policy's shares of the
+three live clouds, renormalised. At the grid request's hour the grid cloud is
+drained (``router.drain``) until the slice or the request ends.
+
+Figures: ``failed_requests`` = answers not 200 or not received, both policies;
+latency = client-side seconds per request; ``bytes_moved`` = bytes preheating
+sent to warm clouds; ``time_to_shed_s`` = seconds from the drain until the
+router shows 0 requests in flight on the cloud; ``shed_pct`` = the fall of the
+cloud's share of requests answered: the share of requests started after the
+shed held that it answered, against its share in the hour before the drain.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import sys
+import tempfile
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+import numpy as np
+import yaml
+from crosscloud.artifacts.preheat import TransferReport, fetch
+from crosscloud.core.federation import DEFAULT_FEDERATION, load_federation
+from crosscloud.core.keys import RunKeys
+from crosscloud.core.paths import state_dir
+from crosscloud.run.plan import Plan
+from crosscloud.serving.replica import ServeSpec, bring_up, stop_local
+from crosscloud.serving.router import Router
+from crosscloud.serving.server import CLOUD_HEADER
+from crosscloud.store.chunks import put_blob
+from crosscloud.store.commit import read_step
+from crosscloud.store.open_store import open_store
+from crosscloud.store.tensors import to_bytes
+from crosscloud.training.program import load_program, program_source
+from crosscloud.training.session import parameters
+
+TENANT = "team-a"
+PROGRAM = "examples/byte_lm/train.py"
+TINY = {"seed": 26, "model_size": "tiny"}
+
+
+def add_arguments(p) -> None:
+    """The live part's command-line arguments."""
+    p.add_argument("--no-live", action="store_true", help="skip the live part: the live figures are modelled")
+    p.add_argument("--live-hours", type=int, default=6, help="replay hours served live")
+    p.add_argument("--live-seconds-per-hour", type=float, default=5.0)
+    p.add_argument("--live-rps", type=float, default=20.0, help="requests per second sent through the router")
+    p.add_argument("--live-max-tokens", type=int, default=8)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def newest_trained_model() -> tuple[bytes, dict, str] | None:
+    """The final weights, program args and run id of the tenant's newest byte_lm run in the state folder, if any."""
+    runs = sorted((state_dir() / "clouds").glob(f"*/{TENANT}/runs/*/final/COMMIT.json"), key=lambda p: p.stat().st_mtime)
+    for commit in reversed(runs):
+        run_id, cloud_root = commit.parent.parent.name, commit.parents[4]
+        try:
+            store = open_store(load_federation().cloud(cloud_root.name), TENANT)
+            plan = Plan.load(store, TENANT, run_id)
+            if plan.program is None or plan.program.family != "byte-lm":
+                continue
+            step = read_step(store, RunKeys(TENANT, run_id).final)
+            if step and "model.safetensors" in step[1]:
+                return step[1]["model.safetensors"], plan.spec.program_run_args(), run_id
+        except Exception as exc:  # noqa: BLE001 - an unreadable run falls back to an older one, or a fresh model
+            print(f"live part: run {run_id} not served: {type(exc).__name__}: {exc}", file=sys.stderr)
+    return None
+
+
+def model_weights() -> tuple[bytes, dict, str]:
+    """The weights to serve, the program args that build their model, and where they came from."""
+    found = newest_trained_model()
+    if found:
+        weights, args, run_id = found
+        return weights, args, f"final weights of run {run_id}"
+    module = load_program(program_source(PROGRAM), PROGRAM)
+    weights = to_bytes({n: p.detach() for n, p in parameters(module.build_model(TINY)).items()})
+    return weights, TINY, "a freshly built tiny byte_lm (random weights: no trained byte_lm run in the state folder)"
+
+
+def write_federation(folder: Path, clouds: list) -> Path:
+    """A federation of three local clouds named and placed as the replay's, each with a file store in ``folder``."""
+    raw = yaml.safe_load(DEFAULT_FEDERATION.read_text())
+    template = raw["clouds"][0]
+    raw["clouds"] = [{**template, "name": c.name, "role": "local" if i == 0 else "collaboration",
+                      "jurisdiction": c.jurisdiction, "store": {"url": f"file://{folder / 'clouds' / c.name}"}}
+                     for i, c in enumerate(clouds)]
+    raw["jurisdictions"] = {c.jurisdiction: {"exports": ["checkpoints", "pseudo_gradients", "data"]} for c in clouds}
+    raw["links"] = [{"a": a.name, "b": b.name, "bandwidth_mbps": 1000, "latency_ms": 10}
+                    for i, a in enumerate(clouds) for b in clouds[i + 1:]]
+    raw["tenants"] = [{"name": TENANT, "quotas": {c.name: 4 for c in clouds}}]
+    raw["datasets"] = [{**raw["datasets"][0], "home": clouds[0].name}]
+    path = folder / "federation.yaml"
+    path.write_text(yaml.safe_dump(raw))
+    return path
+
+
+@dataclass
+class Live:
+    """The live clouds, their stores, the router and the replicas: everything ``stop`` ends."""
+
+    folder: Path
+    names: list[str]
+    spec: ServeSpec
+    stores: dict
+    router: Router
+    handles: dict = field(default_factory=dict)
+    report: TransferReport = field(default_factory=TransferReport)
+    ref: object = None
+    weights: dict = field(default_factory=dict)  # the hour's weights: a replica brought up mid-hour gets them
+    added_s: float = float("nan")  # seconds from the start of preheating the added cloud until it had its share
+
+    def preheat(self, cloud: str) -> None:
+        fetch(self.stores[cloud], [self.stores[self.names[0]]], TENANT, self.ref, self.report)
+
+    def up(self, cloud: str) -> None:
+        if cloud not in self.handles:
+            self.preheat(cloud)
+            self.handles[cloud] = bring_up(self.router, self.spec, cloud, free_port())
+
+    def stop(self) -> None:
+        for handle in self.handles.values():
+            stop_local(handle, grace_s=5)
+        self.router.stop(grace_s=5)
+
+
+def set_up(folder: Path, clouds: list) -> tuple[Live, str]:
+    """Stores, the model in the first cloud's, preheated to the second, a router, replicas on the two warm clouds."""
+    fed_path = write_federation(folder, clouds)
+    fed = load_federation(fed_path)
+    weights, args, source = model_weights()
+    stores = {c.name: open_store(fed.cloud(c.name), TENANT) for c in clouds}
+    names = [c.name for c in clouds]
+    ref, _ = put_blob(stores[names[0]], TENANT, weights, kind="model")
+    spec = ServeSpec(tenant=TENANT, name="bench-live", model=f"{ref.sha256}:{ref.size}", program=PROGRAM, args=args,
+                     federation=str(fed_path))
+    live = Live(folder, names, spec, stores, Router(folder / "router", free_port(), check_ms=200), ref=ref)
+    return live, source
+
+
+@dataclass
+class Load:
+    """Requests at a fixed rate through the router from a thread pool; each answer recorded."""
+
+    url: str
+    rps: float
+    max_tokens: int
+    records: list = field(default_factory=list)  # (policy, start, end, cloud, ok)
+    policy: str = ""
+    _stop: threading.Event = field(default_factory=threading.Event)
+
+    def one(self, client: httpx.Client, policy: str) -> None:
+        start, cloud, ok = time.monotonic(), "", False
+        try:
+            r = client.post(f"{self.url}/v1/completions", json={"prompt": "def ", "max_tokens": self.max_tokens,
+                                                               "temperature": 0})
+            cloud, ok = r.headers.get(CLOUD_HEADER, ""), r.status_code == 200
+        except httpx.HTTPError:
+            pass
+        self.records.append((policy, start, time.monotonic(), cloud, ok))
+
+    def run(self) -> None:
+        with httpx.Client(timeout=60, limits=httpx.Limits(max_connections=64)) as client, \
+                ThreadPoolExecutor(max_workers=32) as pool:
+            t0, i = time.monotonic(), 0
+            while not self._stop.is_set():
+                i += 1
+                time.sleep(max(0.0, t0 + i / self.rps - time.monotonic()))
+                pool.submit(self.one, client, self.policy)
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def share(self, policy: str, cloud: str, t0: float, t1: float) -> float:
+        mine = [r for r in self.records if r[0] == policy and t0 <= r[1] < t1 and r[4]]
+        return sum(r[3] == cloud for r in mine) / max(len(mine), 1)
+
+
+def live_shares(run, hours: list[int], idx: list[int]) -> np.ndarray:
+    """The policy's shares of the live clouds each hour, renormalised to 1."""
+    s = run.shares[np.ix_(hours, idx)]
+    return s / np.maximum(s.sum(axis=1, keepdims=True), 1e-12)
+
+
+def add_cloud(live: Live, cloud: str) -> None:
+    """Preheat ``cloud``, bring its replica up, and give it the hour's share."""
+    t = time.monotonic()
+    live.up(cloud)
+    live.router.set_weights(live.weights)
+    live.added_s = time.monotonic() - t
+
+
+def shed(live: Live, cloud: str) -> dict:
+    """Drain the grid cloud: when, and the seconds until the router shows nothing in flight on it."""
+    t = time.monotonic()
+    live.router.drain(cloud)
+    while any(s["in_flight"] for s in live.router.status().values() if s["cloud"] == cloud) and time.monotonic() - t < 120:
+        time.sleep(0.01)
+    return {"drained_at": t, "held_at": time.monotonic(), "time_to_shed_s": time.monotonic() - t}
+
+
+def replay_policy(live: Live, load: Load, run, hours: list[int], idx: list[int], grid: tuple[int, int] | None,
+                  seconds: float) -> dict:
+    """One policy over the slice: weights each hour, the third cloud from hour 1, the grid request at its hour."""
+    shares, third = live_shares(run, hours, idx), live.names[2]
+    load.policy, out, adder, starts = run.name, {}, None, []
+    for k in range(len(hours)):
+        starts.append(time.monotonic())
+        weights = dict(zip(live.names, shares[k]))
+        if k == 0:
+            weights[third] = 0.0
+        live.weights = weights
+        live.router.set_weights(weights)
+        if k == 1 and third not in live.handles:  # preheated and brought up under load; its share once ready
+            adder = threading.Thread(target=add_cloud, args=(live, third))
+            adder.start()
+        if grid and k == grid[0]:
+            out["grid"] = shed(live, live.names[0])
+            out["grid"]["before"] = load.share(run.name, live.names[0], starts[k - 1], starts[k]) if k else float("nan")
+        time.sleep(max(0.0, starts[k] + seconds - time.monotonic()))
+        if "grid" in out and "restore_at" not in out and k + 1 in (grid[0] + grid[1], len(hours)):
+            out["restore_at"] = time.monotonic()
+            live.router.restore(live.names[0])
+    if adder is not None:
+        adder.join(timeout=120)
+    out["end"] = time.monotonic()
+    return out
+
+
+def choose(sc, runs: dict, cut, n_hours: int) -> tuple[list[int], list[int], tuple[int, int] | None]:
+    """The slice's replay hours, the live clouds (grid cloud first) and the grid request's (slice hour, hours)."""
+    g = cut.start_h if cut else sc.replay.hours // 2
+    first = max(0, min(g - n_hours // 2, sc.replay.hours - n_hours))
+    hours = list(range(first, first + n_hours))
+    names = [c.name for c in sc.clouds]
+    lead = names.index(cut.cut.cloud) if cut else int(np.argmax(runs["crosscloud"].shares[hours].sum(axis=0)))
+    load = runs["crosscloud"].shares[hours].sum(axis=0)
+    others = [i for i in np.argsort(-load) if i != lead][:2]
+    return hours, [lead, *map(int, others)], ((g - first, cut.hours) if cut else None)
+
+
+def figures(load: Load, events: dict, cloud: str) -> dict:
+    """Failed requests, latency per policy, and the grid request's shed (see the module docstring)."""
+    out = {"failed_requests": sum(not r[4] for r in load.records),
+           "answered": {c: sum(r[3] == c for r in load.records) for c in sorted({r[3] for r in load.records if r[3]})}}
+    for policy, ev in events.items():
+        lat = np.array([r[2] - r[1] for r in load.records if r[0] == policy and r[4]]) * 1000
+        out[policy] = {"requests": sum(r[0] == policy for r in load.records),
+                       "p50_ms": float(np.quantile(lat, 0.5)) if len(lat) else float("nan"),
+                       "p99_ms": float(np.quantile(lat, 0.99)) if len(lat) else float("nan")}
+        if "grid" in ev:
+            g = ev["grid"]
+            during = load.share(policy, cloud, g["held_at"], ev.get("restore_at", ev["end"]))
+            out[policy].update(time_to_shed_s=g["time_to_shed_s"], before=g["before"], during=during,
+                               shed_pct=100 * (1 - during / g["before"]) if g["before"] > 0 else float("nan"))
+    return out
+
+
+def serve_slice(live: Live, sc, runs: dict, plan, args) -> dict:
+    """Both policies over the slice under one steady load; the figures."""
+    hours, idx, grid = plan
+    live.router.start()
+    for cloud in live.names[:2]:
+        live.up(cloud)
+    load = Load(live.router.url, args.live_rps, args.live_max_tokens)
+    sender = threading.Thread(target=load.run, daemon=True)
+    sender.start()
+    try:
+        events = {name: replay_policy(live, load, runs[name], hours, idx, grid, args.live_seconds_per_hour)
+                  for name in ("price-unaware", "crosscloud")}
+    finally:
+        load.stop()
+        sender.join(timeout=60)
+        time.sleep(1.0)
+    return figures(load, events, live.names[0])
+
+
+def live_figures(sc, runs: dict, cut, args) -> dict:
+    """The live figures (module docstring), in ``last_line``'s keys plus the details; every process stopped after."""
+    plan = choose(sc, runs, cut, args.live_hours)
+    clouds = [sc.clouds[i] for i in plan[1]]
+    saved = {k: os.environ.get(k) for k in ("CROSSCLOUD_STATE_DIR", "CROSSCLOUD_FEDERATION")}
+    with tempfile.TemporaryDirectory(prefix="crosscloud-live-") as tmp:
+        folder, live = Path(tmp), None
+        try:
+            live, source = set_up(folder, clouds)
+            os.environ.update(CROSSCLOUD_STATE_DIR=str(folder), CROSSCLOUD_FEDERATION=live.spec.federation)
+            out = serve_slice(live, sc, runs, plan, args)
+        finally:
+            if live is not None:
+                live.stop()
+            for k, v in saved.items():
+                os.environ.pop(k, None) if v is None else os.environ.__setitem__(k, v)
+    base, mine = out["price-unaware"], out["crosscloud"]
+    return {"failed_requests": out["failed_requests"], "time_to_shed_s": mine.get("time_to_shed_s", 0.0),
+            "shed_pct": mine.get("shed_pct", 0.0), "p99_latency_ratio": mine["p99_ms"] / base["p99_ms"],
+            "bytes_moved": sum(live.report.sent_bytes.values()), "details": out, "model": source,
+            "clouds": live.names, "hours": plan[0], "source": describe(out, live, source, plan)}
+
+
+def describe(out: dict, live: Live, source: str, plan) -> str:
+    hours, _, grid = plan
+    pol = "; ".join(f"{p} {out[p]['requests']} requests p50 {out[p]['p50_ms']:.0f} ms p99 {out[p]['p99_ms']:.0f} ms"
+                    + (f", {live.names[0]} share {out[p]['before']:.3f} -> {out[p]['during']:.3f} in "
+                       f"{out[p]['time_to_shed_s']:.3f} s" if "time_to_shed_s" in out[p] else "")
+                    for p in ("price-unaware", "crosscloud"))
+    return (f"LIVE on 127.0.0.1: replay hours {hours[0]}..{hours[-1]} on {', '.join(live.names)} (grid request on "
+            f"{live.names[0]} at slice hour {grid[0] if grid else '-'}, {live.names[2]} preheated and added at hour 1 in "
+            f"{live.added_s:.1f} s); answered by cloud {out['answered']}; model: "
+            f"{source}; {sum(live.report.sent_bytes.values())} bytes preheated {dict(live.report.sent_bytes)}; {pol}; "
+            f"failed {out['failed_requests']}")
