@@ -61,15 +61,13 @@ class CeleryDeployment(AirflowAPI):
     def host_env(self, host: str) -> dict[str, str]:
         """The environment of a process on ``host``: its own Airflow home and state folder, the shared settings."""
         home = self.root / host
-        env = {k: v for k, v in os.environ.items() if not k.startswith(("AIRFLOW__", "CROSSCLOUD_", "MLFLOW_"))}
-        env.pop("AIRFLOW_HOME", None)
+        # this process's settings stay here; the public data folder is the same on every "host"
+        env = {k: v for k, v in os.environ.items()
+               if k == "CROSSCLOUD_DATA_DIR" or not k.startswith(("AIRFLOW__", "CROSSCLOUD_", "MLFLOW_"))}
         env.update(self.shared)
         env.update({"AIRFLOW_HOME": str(home / "airflow"), "CROSSCLOUD_STATE_DIR": str(home / "state"),
                     "CROSSCLOUD_TEST_HOST": host,
                     "AIRFLOW__LOGGING__WORKER_LOG_SERVER_PORT": str(free_port())})
-        for key in ("CROSSCLOUD_DATA_DIR",):
-            if key in os.environ:
-                env[key] = os.environ[key]
         (home / "airflow").mkdir(parents=True, exist_ok=True)
         (home / "state").mkdir(parents=True, exist_ok=True)
         return env
