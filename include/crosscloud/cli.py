@@ -239,6 +239,23 @@ def _summary(args) -> int:
     return 0
 
 
+def _serve(args) -> int:
+    from crosscloud.serving.status import fleet_status, fleets, format_status
+
+    chosen = [f for f in fleets(args.tenant or None) if args.model is None or f.name == args.model]
+    if not chosen:
+        print("no served model" + (f" {args.model}" if args.model else "") + " in the state folder "
+              "(the inference_placement DAG starts one)", file=sys.stderr)
+        return 1
+    if args.action == "stop":
+        for f in chosen:
+            print(f"{f.tenant}/{f.name}: stopped {', '.join(f.stop()) or 'no replica'} and its router")
+        return 0
+    rows = [fleet_status(f) for f in chosen]
+    print(json.dumps(rows, indent=2) if args.json else "\n\n".join(format_status(r) for r in rows))
+    return 0
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="crosscloud", description="crosscloud: training across sovereign clouds")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -285,11 +302,17 @@ def _parser() -> argparse.ArgumentParser:
     p = sub.add_parser("release", help="give back the devices a run holds (a run whose teardown never ran)")
     p.add_argument("--tenant", required=True)
     p.add_argument("--run-id", required=True)
+    p = sub.add_parser("serve", help="served models: each cloud's share, replicas, tokens/s, cost per 1k tokens, "
+                       "p50/p99 latency (status), or stop them (stop)")
+    p.add_argument("action", choices=["status", "stop"])
+    p.add_argument("--tenant", action="append", default=[], metavar="T", help="only this tenant's (repeatable)")
+    p.add_argument("--model", help="only this served model (its registered name)")
+    p.add_argument("--json", action="store_true")
     return parser
 
 
 COMMANDS = {"summary": _summary, "train": _train, "dataset": _dataset, "inventory": _inventory, "warm": _warm,
-            "cloud": _cloud, "progress": _progress, "release": _release}
+            "cloud": _cloud, "progress": _progress, "release": _release, "serve": _serve}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -151,6 +151,11 @@ class Router:
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
 
+    @staticmethod
+    def running(folder: Path) -> bool:
+        """Whether a router another process started in ``folder`` still runs."""
+        return (Path(folder) / "router.json").exists() and _recorded_haproxy(Path(folder).resolve()) is not None
+
     @classmethod
     def attach(cls, folder: Path) -> Router:
         """The router another process started in ``folder`` (a DAG task, the CLI): its replicas read from HAProxy."""

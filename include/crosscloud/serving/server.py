@@ -39,6 +39,7 @@ from pydantic import BaseModel, Field
 
 from crosscloud.core.federation import load_federation
 from crosscloud.core.keys import manifest_key
+from crosscloud.serving.meter import Meter
 from crosscloud.store.base import ObjectNotFound, ObjectStore
 from crosscloud.store.chunks import BlobRef, read_blob, warmth
 from crosscloud.store.open_store import open_store
@@ -220,6 +221,7 @@ class Service:
         self.engine: Engine | None = None
         self.error: str | None = None
         self.pending = 0
+        self.meter = Meter()
         self.worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="generate")
 
     def start(self) -> None:
@@ -247,12 +249,14 @@ class Service:
                                      headers={CLOUD_HEADER: self.cloud, "Cache-Control": "no-cache"})
         prompts = req.prompt if isinstance(req.prompt, list) else [req.prompt]
         self.pending += 1
+        started = time.monotonic()
         try:
             loop = asyncio.get_running_loop()
             results = [await loop.run_in_executor(self.worker, self.engine.complete, p, req.max_tokens,
                                                   req.temperature, req.seed) for p in prompts]
         finally:
             self.pending -= 1
+        self.meter.record(sum(r[1] + r[2] for r in results), time.monotonic() - started)
         body = {
             **self._head(req),
             "choices": [{"index": i, "text": text, "logprobs": None, "finish_reason": reason}
@@ -281,13 +285,15 @@ class Service:
                 loop.call_soon_threadsafe(queue.put_nowait, ("end", None))
 
         self.pending += 1
+        started = time.monotonic()
         try:
             done = loop.run_in_executor(self.worker, run)
             while (item := await queue.get())[0] == "text":
                 if not item[1].endswith("\ufffd") and len(item[1]) > len(emitted):  # whole characters only
                     chunk, emitted = item[1][len(emitted):], item[1]
                     yield _event({**head, "choices": [{"index": 0, "text": chunk, "logprobs": None, "finish_reason": None}]})
-            text, _, _, reason = await done
+            text, prompt_tokens, completion_tokens, reason = await done
+            self.meter.record(prompt_tokens + completion_tokens, time.monotonic() - started)
             tail = {"index": 0, "text": text[len(emitted):], "logprobs": None, "finish_reason": reason}
             yield _event({**head, "choices": [tail]})
             yield "data: [DONE]\n\n"
@@ -300,7 +306,8 @@ class Service:
 
     def health(self) -> JSONResponse:
         state = "ready" if self.engine else ("failed" if self.error else "loading")
-        body = {"status": state, "cloud": self.cloud, "model": self.name, "queued": self.pending, "error": self.error}
+        body = {"status": state, "cloud": self.cloud, "model": self.name, "queued": self.pending, "error": self.error,
+                "served": self.meter.snapshot()}
         return JSONResponse(body, status_code=200 if self.engine else 503, headers={CLOUD_HEADER: self.cloud})
 
 

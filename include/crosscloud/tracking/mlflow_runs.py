@@ -82,7 +82,7 @@ class Tracker:
             **{f"model.{k}": v for k, v in plan.model.to_dict().items()},
             **{f"share.{c.name}": c.share for c in plan.clouds},
         }
-        self._log_params(pid, params)
+        self.log_params(pid, params)
         self.client.log_text(pid, plan.model_dump_json(indent=2), "plan.json")
         verdicts = [f"{c.cloud}/{c.accelerator}: {'CHOSEN' if c.chosen else 'not chosen'} - {c.reason}" for c in plan.candidates]
         self.client.log_text(pid, "\n".join(verdicts) + "\n", "placement.txt")
@@ -93,7 +93,7 @@ class Tracker:
                 run_name=f"{plan.run_id}/{cloud.name}",
                 tags={**common, "mlflow.parentRunId": pid, f"{TAG}.level": "cloud", f"{TAG}.cloud": cloud.name},
             )
-            self._log_params(
+            self.log_params(
                 child.info.run_id,
                 {"cloud": cloud.name, "accelerator": cloud.accelerator, "devices": cloud.devices, "share": cloud.share,
                  "shards": ",".join(map(str, cloud.shards)), "method": cloud.method},
@@ -101,7 +101,7 @@ class Tracker:
             children[cloud.name] = child.info.run_id
         return {"experiment_id": exp_id, "parent_run_id": pid, "child_run_ids": children}
 
-    def _log_params(self, run_id: str, params: dict) -> None:
+    def log_params(self, run_id: str, params: dict) -> None:
         from mlflow.entities import Param
 
         self.client.log_batch(run_id, params=[Param(k, str(v)) for k, v in params.items()])

@@ -1,0 +1,195 @@
+"""A tenant's served model across clouds, as it runs: its router, its replicas, the last decision and grid cuts.
+
+Why one object: every task that changes serving (the hourly placement, a grid
+request, its end, an operator stopping it) must see what the others left, and
+they run in different processes. The fleet keeps that in one folder of the
+state folder (``serving/<tenant>/<name>/``): the router's folder, the replicas
+it started (``fleet.json``), the decision in force (``decision.json``) and the
+grid cuts in force (``cuts.json``). Replicas and HAProxy are processes of their
+own sessions, so they outlive the task that started them.
+
+Changes never fail a request: new replicas come up and pass the router's own
+health check before they get a share; a replica leaves only after the router
+stopped sending it requests and its in-flight ones finished; a new model
+version is brought up beside the old one before the old one is drained.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+
+from crosscloud.backends.local import LocalBackend
+from crosscloud.core.paths import state_dir
+from crosscloud.serving.replica import ServeSpec, bring_up, find_local, take_down
+from crosscloud.serving.router import Endpoint, Router, RouterError
+
+
+class FleetError(RuntimeError):
+    """A serving change that cannot be made; the message says which cloud and why."""
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@dataclass(frozen=True)
+class Replica:
+    cloud: str
+    index: int
+    handle: dict
+
+    @property
+    def model(self) -> str:
+        command = self.handle["command"]
+        return command[command.index("--model") + 1]
+
+    @property
+    def server(self) -> str:
+        return Endpoint(self.cloud, self.index, "", 0).server
+
+
+class Fleet:
+    """The running deployment of one served model of one tenant (see the module docstring)."""
+
+    def __init__(self, tenant: str, name: str, root: Path | None = None):
+        self.tenant, self.name = tenant, name
+        self.folder = (root or state_dir() / "serving") / tenant / name
+        self.router_folder = self.folder / "router"
+
+    def _read(self, file: str, default):
+        path = self.folder / file
+        return json.loads(path.read_text()) if path.exists() else default
+
+    def _write(self, file: str, value) -> None:
+        self.folder.mkdir(parents=True, exist_ok=True)
+        tmp = self.folder / f".{file}.tmp"
+        tmp.write_text(json.dumps(value, indent=2))
+        tmp.replace(self.folder / file)
+
+    @property
+    def spec(self) -> ServeSpec | None:
+        raw = self._read("fleet.json", {}).get("spec")
+        return ServeSpec(**raw) if raw else None
+
+    @property
+    def decision(self) -> dict | None:
+        """The decision in force: what the last placement (or grid request) set, with its inputs."""
+        return self._read("decision.json", None)
+
+    def save_decision(self, record: dict) -> None:
+        self._write("decision.json", record)
+
+    def cuts(self, now: float | None = None) -> dict[str, dict]:
+        """Grid cuts in force, by cloud: each ``{reduce_pct, within_s, until}``; ended ones are dropped."""
+        now = time.time() if now is None else now
+        return {c: cut for c, cut in self._read("cuts.json", {}).items() if cut["until"] > now}
+
+    def set_cut(self, cloud: str, cut: dict | None) -> None:
+        cuts = self.cuts()
+        cuts.pop(cloud, None) if cut is None else cuts.__setitem__(cloud, cut)
+        self._write("cuts.json", cuts)
+
+    def router(self) -> Router | None:
+        """The fleet's router if its HAProxy runs."""
+        return Router.attach(self.router_folder) if Router.running(self.router_folder) else None
+
+    def open_router(self, jurisdictions: frozenset[str] | None, port: int = 0) -> Router:
+        """The running router, or a new one on ``port`` (0: a free one) bound to the tenant's jurisdictions."""
+        router = self.router()
+        if router is not None:
+            if router.jurisdictions != jurisdictions:
+                raise FleetError(f"the router of {self.tenant}/{self.name} serves requests that may go to "
+                                 f"{sorted(router.jurisdictions or ['anywhere'])}, not {sorted(jurisdictions or ['anywhere'])}: "
+                                 f"stop it first (crosscloud serve stop) to change the residency rule")
+            return router
+        router = Router(self.router_folder, port or free_port(), jurisdictions=jurisdictions)
+        router.start()
+        return router
+
+    def replicas(self) -> list[Replica]:
+        """Replicas the fleet started whose processes run."""
+        spec, backend, out = self.spec, LocalBackend(), []
+        for cloud, index in self._read("fleet.json", {}).get("replicas", []):
+            handle = find_local(spec, cloud, index) if spec else None
+            if handle is not None and backend.state(handle) == "running":
+                out.append(Replica(cloud, index, handle))
+        return out
+
+    def _remember(self, spec: ServeSpec, replicas: list[tuple[str, int]]) -> None:
+        self._write("fleet.json", {"spec": spec.__dict__, "replicas": sorted(set(map(tuple, replicas)))})
+
+    def _forget_dead(self, router: Router, live: list[Replica]) -> None:
+        """Servers the router still lists whose process is gone: out of rotation, so no request tries them."""
+        alive = {r.server for r in live}
+        for server in [s for s in router.endpoints if s not in alive]:
+            router.remove(server, timeout_s=5)
+
+    def apply(self, spec: ServeSpec, shares: dict[str, float], replicas: dict[str, int],
+              jurisdictions: frozenset[str] | None = None, port: int = 0, ready_timeout_s: float = 120.0) -> dict:
+        """Make the fleet serve ``spec`` with these replicas per cloud and split new requests by ``shares``."""
+        router = self.open_router(jurisdictions, port)
+        live = self.replicas()
+        self._forget_dead(router, live)
+        current = [r for r in live if r.model == spec.model]
+        stale = [r for r in live if r.model != spec.model]
+        used = {(r.cloud, r.index) for r in live}
+        started = []
+        for cloud, want in sorted(replicas.items()):
+            for _ in range(want - sum(r.cloud == cloud for r in current)):
+                index = next(i for i in range(len(used) + 1) if (cloud, i) not in used)
+                used.add((cloud, index))
+                self._remember(spec, list(used))
+                try:
+                    handle = bring_up(router, spec, cloud, free_port(), index, ready_timeout_s)
+                except (RouterError, RuntimeError) as e:
+                    raise FleetError(f"cloud {cloud}: replica {index} of {spec.name} did not come up: {e}") from e
+                current.append(Replica(cloud, index, handle))
+                started.append(f"{cloud}-{index}")
+        wanted = {c: s for c, s in shares.items() if s > 0}
+        router.set_weights(wanted)
+        extra = [r for cloud, want in replicas.items()
+                 for r in sorted((r for r in current if r.cloud == cloud), key=lambda r: r.index)[max(want, 0):]]
+        extra += [r for r in current if r.cloud not in replicas]
+        for replica in stale + extra:  # the router stops sending them requests; in-flight ones finish there
+            take_down(router, replica.handle, replica.index)
+        kept = [r for r in current if r not in extra]
+        weights = router.set_weights(wanted)
+        self._remember(spec, [(r.cloud, r.index) for r in kept])
+        return {"router": router.url, "started": started, "stopped": [r.server for r in stale + extra],
+                "weights": weights}
+
+    def served(self) -> dict[str, list[dict]]:
+        """Each running replica's own measure of what it served (its /health ``served``), by cloud."""
+        out: dict[str, list[dict]] = {}
+        for r in self.replicas():
+            try:
+                body = httpx.get(f"{r.handle['url']}/health", timeout=2).json()
+            except (httpx.HTTPError, ValueError):
+                body = {"status": "unreachable"}
+            out.setdefault(r.cloud, []).append({"replica": r.server, "status": body.get("status"), **body.get("served", {})})
+        return out
+
+    def stop(self) -> list[str]:
+        """Stop every replica (each finishes its in-flight requests) and the router."""
+        router = self.router()
+        stopped = []
+        for r in self.replicas():
+            if router is not None and r.server in router.endpoints:
+                take_down(router, r.handle, r.index)
+            else:
+                LocalBackend().stop(r.handle, grace_s=10)
+            stopped.append(r.server)
+        if router is not None:
+            router.stop()
+        spec = self.spec
+        if spec is not None:
+            self._remember(spec, [])
+        return stopped

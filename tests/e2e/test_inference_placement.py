@@ -1,0 +1,165 @@
+"""The DAG ``inference_placement`` under ``dag.test()`` over the local clouds, and a grid request on what it serves.
+
+A real run of ``retraining`` registers a tiny byte_lm model as team-a's
+champion; ``inference_placement`` then serves it behind a real HAProxy with
+real replica processes, for requests that may stay only in CN. Client threads
+send completions through the router while a grid request cuts a cloud's
+draw and ends.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+
+import httpx
+import pytest
+from servingload import Load, phase
+
+from crosscloud.cli import main as cli
+from crosscloud.core.federation import load_federation
+from crosscloud.serving import grid
+from crosscloud.serving.fleet import Fleet
+from crosscloud.serving.placement import warm_clouds
+from crosscloud.serving.replica import ServeSpec
+from crosscloud.serving.server import CLOUD_HEADER
+from crosscloud.serving.status import fleet_status
+from crosscloud.store.open_store import open_store
+
+pytestmark = [pytest.mark.inference, pytest.mark.e2e, pytest.mark.slow]
+
+TENANT, MODEL = "team-a", "crosscloud-team-a-tiny"
+TRAIN = {"tenant": TENANT, "model_size": "tiny", "rounds": 1, "inner_steps": 4, "global_batch": 8, "seed": 5,
+         "inner_lr": 3e-3}
+CONF = {"tenant": TENANT, "model": MODEL, "alias": "champion", "clouds": [], "users_near": "beijing",
+        "jurisdictions": ["CN"], "tokens_per_s": 300.0, "min_share": 0.1, "latency_goal_ms": 3000.0,
+        "context_tokens": 8.0, "generated_tokens": 4.0, "router_port": 0}
+
+
+def _ti(run, task_id: str):
+    tis = [t for t in run.get_task_instances() if t.task_id == task_id]
+    assert tis, f"no task {task_id}"
+    return tis
+
+
+PRICES = {"DE-LU": 140.0, "US-CAL-CISO": 45.0, "SG": 30.0}  # USD/MWh: singapore cheapest, but outside CN
+
+
+@pytest.fixture(scope="module")
+def prices(tmp_path_factory):
+    """A year of hourly prices per region of the embedded federation, in a data folder of this module's own."""
+    data = tmp_path_factory.mktemp("data")
+    shutil.copytree(Path(os.environ["CROSSCLOUD_DATA_DIR"]) / "power", data / "power")
+    (data / "electricity" / "prices").mkdir(parents=True)
+    hours = [datetime(2023, 1, 1, tzinfo=timezone.utc) + timedelta(hours=h) for h in range(8760)]
+    for region, price in PRICES.items():
+        rows = [f"{t:%Y-%m-%d %H:%M:%S}+00:00,,{price}" for t in hours]
+        (data / "electricity" / "prices" / f"{region}_2023.csv").write_text(
+            "Datetime (UTC),Datetime (Local),Price (USD/MWh)\n" + "\n".join(rows) + "\n")
+    before = os.environ["CROSSCLOUD_DATA_DIR"]
+    os.environ["CROSSCLOUD_DATA_DIR"] = str(data)
+    yield data
+    os.environ["CROSSCLOUD_DATA_DIR"] = before
+
+
+@pytest.fixture(scope="module")
+def served(dagbag, prices):
+    """A registered champion, served by one run of inference_placement; every process stopped afterwards."""
+    trained = dagbag.get_dag("retraining").test(run_conf=TRAIN)
+    assert trained.state == "success"
+    fleet = Fleet(TENANT, MODEL)
+    try:
+        run = dagbag.get_dag("inference_placement").test(run_conf=CONF)
+        yield run, fleet
+    finally:
+        fleet.stop()
+
+
+def test_the_run_serves_through_one_router_only_within_the_jurisdiction(served):
+    run, fleet = served
+    assert run.state == "success", [(t.task_id, t.state) for t in run.get_task_instances()]
+    decision = fleet.decision
+    assert decision["shares"]["singapore"] == 0 and decision["replicas"]["singapore"] == 0
+    reason = next(c for c in decision["considered"] if c["cloud"] == "singapore")["reason"]
+    assert "jurisdiction SG" in reason
+    assert sum(decision["shares"].values()) == pytest.approx(1.0)
+    answered = []
+    with httpx.Client(timeout=30) as client:
+        for i in range(30):
+            r = client.post(f"{fleet.router().url}/v1/completions", json={"prompt": f"def f{i}", "max_tokens": 3})
+            assert r.status_code == 200, r.text
+            answered.append(r.headers[CLOUD_HEADER])
+    assert set(answered) <= {"beijing", "shanghai"}
+    assert set(answered) == {c for c, s in decision["shares"].items() if s > 0}  # min_share: both CN clouds serve
+
+
+def test_a_cloud_gets_a_share_only_once_the_model_is_warm_there(served):
+    run, fleet = served
+    resolved = _ti(run, "resolve")[0].xcom_pull(task_ids="resolve")
+    spec = ServeSpec(**resolved["spec"])
+    fed = load_federation()
+    serving = [c for c, s in fleet.decision["shares"].items() if s > 0]
+    assert all(warm_clouds(fed, spec, serving).values())
+    cold = set(_ti(run, "find_cold")[0].xcom_pull(task_ids="find_cold"))
+    preheats = [t for t in _ti(run, "preheat") if t.state == "success"]
+    assert len(preheats) == len(cold)  # every cloud cold at the start was preheated, and only those
+    place = _ti(run, "place")[0]
+    assert all(t.end_date <= place.start_date for t in preheats)
+    assert "singapore" not in cold  # outside the requests' jurisdiction: nothing is sent there
+
+
+def test_every_decision_is_kept_in_the_store_and_mlflow(served):
+    from mlflow.tracking import MlflowClient
+
+    run, fleet = served
+    home = open_store(load_federation().local_cloud, TENANT)
+    kept = [k for k in home.list(f"{TENANT}/serving/{MODEL}/decisions") if run.run_id.replace(":", "-").replace("+", "-") in k]
+    assert len(kept) == 1
+    assert json.loads(home.get(kept[0]))["shares"] == fleet.decision["shares"]
+    rid = _ti(run, "record")[0].xcom_pull(task_ids="record")
+    client = MlflowClient()
+    hour = client.get_run(rid)
+    assert hour.data.tags["crosscloud.level"] == "serving-decision"
+    parent = client.get_run(hour.data.tags["mlflow.parentRunId"])
+    assert parent.data.tags["crosscloud.serving"] == f"{TENANT}/{MODEL}"
+    assert hour.data.metrics["share.beijing"] == pytest.approx(fleet.decision["shares"]["beijing"])
+    assert "usd_per_1k_tokens.shanghai" in hour.data.metrics
+    assert "decision.txt" in [a.path for a in client.list_artifacts(rid)]
+
+
+def test_status_shows_each_cloud_as_served(served, capsys):
+    _, fleet = served
+    with Load(fleet.router().url, clients=2) as load:
+        phase(load, 3.0)
+    assert not load.failures()
+    rows = {r["cloud"]: r for r in fleet_status(fleet)["clouds"]}
+    for cloud, share in fleet.decision["shares"].items():
+        if share > 0:
+            assert rows[cloud]["replicas"] >= 1 and rows[cloud]["tokens_per_s"] > 0 and rows[cloud]["p99_ms"] > 0
+            assert rows[cloud]["usd_per_1k_tokens"] > 0
+    assert cli(["serve", "status", "--tenant", TENANT, "--model", MODEL]) == 0
+    out = capsys.readouterr().out
+    assert "beijing" in out and "shanghai" in out and fleet.router().url in out
+
+
+def test_a_grid_request_cuts_the_cloud_and_its_traffic_returns_after(served):
+    _, fleet = served
+    before = dict(fleet.decision["shares"])
+    cloud = max(before, key=before.get)
+    with Load(fleet.router().url, clients=3) as load:
+        phase(load, 3.0)
+        answer = grid.shed(fleet, cloud, reduce_pct=10, within_s=60, duration_s=3600)
+        checked = grid.verify(fleet, answer, within_s=60, window_s=4.0)
+        during = fleet.decision["shares"][cloud]
+        restored = grid.restore(fleet, cloud)
+        after = phase(load, 3.0)
+    assert not load.failures(), load.failures()[:3]
+    assert checked["held"], checked
+    assert checked["shed_pct"] >= 10 and checked["power_after_w"] < checked["power_before_w"]
+    assert during < before[cloud]
+    assert fleet.decision["shares"][cloud] == pytest.approx(before[cloud]) and restored["replicas"] >= 1
+    assert after.get(cloud, 0) > 0  # requests reach it again
+    assert fleet.cuts() == {}
