@@ -21,7 +21,6 @@ from servingload import Load, phase
 
 from crosscloud.cli import main as cli
 from crosscloud.core.federation import load_federation
-from crosscloud.serving import grid
 from crosscloud.serving.fleet import Fleet
 from crosscloud.serving.placement import warm_clouds
 from crosscloud.serving.replica import ServeSpec
@@ -145,21 +144,26 @@ def test_status_shows_each_cloud_as_served(served, capsys):
     assert "beijing" in out and "shanghai" in out and fleet.router().url in out
 
 
-def test_a_grid_request_cuts_the_cloud_and_its_traffic_returns_after(served):
+def test_a_grid_request_cuts_the_cloud_and_its_traffic_returns_after(served, dagbag):
     _, fleet = served
     before = dict(fleet.decision["shares"])
     cloud = max(before, key=before.get)
+    conf = {"cloud": cloud, "reduce_pct": 10, "within_s": 60, "duration_s": 0}
     with Load(fleet.router().url, clients=3) as load:
         phase(load, 3.0)
-        answer = grid.shed(fleet, cloud, reduce_pct=10, within_s=60, duration_s=3600)
-        checked = grid.verify(fleet, answer, within_s=60, window_s=4.0)
-        during = fleet.decision["shares"][cloud]
-        restored = grid.restore(fleet, cloud)
+        run = dagbag.get_dag("demand_response").test(run_conf=conf)
         after = phase(load, 3.0)
     assert not load.failures(), load.failures()[:3]
-    assert checked["held"], checked
-    assert checked["shed_pct"] >= 10 and checked["power_after_w"] < checked["power_before_w"]
-    assert during < before[cloud]
-    assert fleet.decision["shares"][cloud] == pytest.approx(before[cloud]) and restored["replicas"] >= 1
+    states = {ti.task_id: ti.state for ti in run.get_task_instances()}
+    assert all(s == "success" for s in states.values()), states
+    checked = next(t for t in run.get_task_instances() if t.task_id == "verify").xcom_pull(task_ids="verify")
+    (shed,) = checked["serving"]
+    assert shed["held"] and shed["shed_pct"] >= 10 and shed["power_after_w"] < shed["power_before_w"]
+    assert shed["share_after"] < shed["share_before"] == pytest.approx(before[cloud])
+    assert shed["time_to_shed_s"] < 60
+    assert fleet.decision["shares"][cloud] == pytest.approx(before[cloud])  # restored
+    assert fleet.decision["reason"] == f"grid request on {cloud} ended"
     assert after.get(cloud, 0) > 0  # requests reach it again
     assert fleet.cuts() == {}
+    home = open_store(load_federation().local_cloud, TENANT)
+    assert home.list(f"{TENANT}/serving/{MODEL}/demand_response")

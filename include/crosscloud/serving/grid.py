@@ -42,23 +42,25 @@ def _apply(fleet: Fleet, plan: TrafficPlan, record: dict, reason: str) -> dict:
 
 
 def serving_on(cloud: str, fleets: list[Fleet]) -> list[Fleet]:
-    """The fleets whose decision in force gives ``cloud`` replicas."""
-    return [f for f in fleets if (f.decision or {}).get("replicas", {}).get(cloud, 0) > 0 and f.spec is not None]
+    """The fleets that serve on ``cloud`` now: a router running and a replica of theirs running there."""
+    return [f for f in fleets if f.decision and f.router() is not None and any(r.cloud == cloud for r in f.replicas())]
 
 
 def shed(fleet: Fleet, cloud: str, reduce_pct: float, within_s: float, duration_s: float) -> dict:
     """Cut the fleet's draw on ``cloud`` by ``reduce_pct`` until the request ends; what it did and from what."""
     record = fleet.decision
     total_before, rate_before = _served_tokens(fleet, cloud)
-    fleet.set_cut(cloud, {"reduce_pct": reduce_pct, "within_s": within_s, "until": time.time() + duration_s})
-    plan = replan(record, fleet.cuts(), in_force=record["tokens_per_s"])
+    # kept past the request's end by the time to answer it: restore (a teardown) is what ends it
+    cut = {"reduce_pct": reduce_pct, "within_s": within_s, "until": time.time() + duration_s + within_s}
+    fleet.set_cut(cloud, cut)
+    plan = replan(record, {**fleet.cuts(), cloud: cut}, in_force=record["tokens_per_s"])
     issued = time.time()
     applied = _apply(fleet, plan, record, f"grid request -{reduce_pct:g}% on {cloud}")
-    cut = next(s for s in plan.sheds if s.cloud == cloud)
+    modelled = next(s for s in plan.sheds if s.cloud == cloud)
     return {"tenant": fleet.tenant, "model": fleet.name, "cloud": cloud, "reduce_pct": reduce_pct,
             "issued_at": issued, "applied_at": time.time(), "replicas_before": record["replicas"].get(cloud, 0),
             "replicas_after": plan.replicas.get(cloud, 0), "share_before": record["shares"].get(cloud, 0.0),
-            "share_after": plan.shares.get(cloud, 0.0), "modelled_shed_pct": cut.achieved_pct,
+            "share_after": plan.shares.get(cloud, 0.0), "modelled_shed_pct": modelled.achieved_pct,
             "tokens_per_s_before": rate_before, "tokens_before": total_before, "stopped": applied["stopped"]}
 
 
@@ -93,3 +95,31 @@ def restore(fleet: Fleet, cloud: str) -> dict:
     applied = _apply(fleet, plan, record, f"grid request on {cloud} ended")
     return {"tenant": fleet.tenant, "model": fleet.name, "cloud": cloud, "share": plan.shares.get(cloud, 0.0),
             "replicas": plan.replicas.get(cloud, 0), "started": applied["started"]}
+
+
+def shed_all(cloud: str, reduce_pct: float, within_s: float, duration_s: float) -> list[dict]:
+    """Every served model with replicas on ``cloud`` sheds; each change is logged as a decision in MLflow."""
+    from crosscloud.serving.status import fleets
+    from crosscloud.tracking.serving_hours import log_decision
+
+    answers = []
+    for fleet in serving_on(cloud, fleets()):
+        answers.append(shed(fleet, cloud, reduce_pct, within_s, duration_s))
+        log_decision(fleet.decision, fleet.decision["reason"])
+    return answers
+
+
+def verify_all(answers: list[dict], within_s: float, window_s: float = 10.0) -> list[dict]:
+    return [verify(Fleet(a["tenant"], a["model"]), a, within_s, window_s) for a in answers]
+
+
+def restore_all(answers: list[dict]) -> list[dict]:
+    """Give every fleet that shed its traffic back; each change is logged as a decision in MLflow."""
+    from crosscloud.tracking.serving_hours import log_decision
+
+    out = []
+    for a in answers:
+        fleet = Fleet(a["tenant"], a["model"])
+        out.append(restore(fleet, a["cloud"]))
+        log_decision(fleet.decision, fleet.decision["reason"])
+    return out

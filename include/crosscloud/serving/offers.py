@@ -73,7 +73,7 @@ def measured_rates(rates: TokenRates, step_s: float) -> TokenRates:
     this host (``placement.local_step_s``) rather than modelled.
     """
     step = max(step_s, rates.step_s)
-    return replace(rates, step_s=step, decode_tps=LOCAL_BATCH / step / rates.devices_per_replica)
+    return replace(rates, step_s=step, decode_tps=rates.decode_tps * rates.step_s / step)
 
 
 def cloud_offer(fed: Federation, cloud: Cloud, tenant: str, model: ServedModel, mix: RequestMix, when: float,
@@ -130,7 +130,7 @@ def federation_offers(fed: Federation, tenant: str, clouds: list[str], model: Se
 def offer_to_dict(o: CloudOffer) -> dict:
     """A JSON form of an offer, so a later task (a grid request) re-plans from the same figures."""
     return {**{k: getattr(o, k) for k in CloudOffer.__dataclass_fields__ if k != "service_s"},
-            "service_s": [round(float(s), 6) for s in o.service_s]}
+            "service_s": [float(f"{s:.6g}") for s in o.service_s]}
 
 
 def offer_from_dict(d: dict) -> CloudOffer:
