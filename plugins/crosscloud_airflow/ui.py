@@ -5,7 +5,7 @@ shown inside the Airflow UI as external views: an entry of the navigation and
 a tab on every DAG run. Each route depends on Airflow's own authentication
 and authorization (the UI's JWT cookie or a bearer token, and read access to
 the DAG's runs): a request without them gets 401/403 and no data. Past that,
-a user sees the runs, reservations and quota of their own tenants only
+a user sees the runs, reservations, quota and served models of their own tenants only
 (``tenancy.py``: the Airflow teams the auth manager puts them in; an
 administrator is in all); pools' totals and use stay global, capacity being
 no tenant's secret. The HTML is rendered on the server, fresh from the engine
@@ -138,6 +138,25 @@ def _sources():
     return load_federation(), Ledger()
 
 
+def serving_section(statuses: list[dict]) -> str:
+    """Each served model's clouds: planned and served share, replicas, tokens/s, cost per 1k tokens, p50/p99."""
+    if not statuses:
+        return "<p class='muted'>no served model (the inference_placement DAG serves one)</p>"
+    rows = []
+    for st in statuses:
+        v = st.get("version") or {}
+        name = (f"{escape(st['tenant'])}/{escape(st['model'])} v{escape(str(v.get('version', '?')))}"
+                f"<br><span class='muted'>{escape(st['router'] or 'router not running')}</span>")
+        for r in st["clouds"]:
+            rows.append([name, escape(r["cloud"]), _fmt(r["planned_share"]), _fmt(r["served_share"]),
+                         f"{r['replicas']}/{r['replicas_total']}", _fmt(r["tokens_per_s"], ".1f"),
+                         _fmt(r["usd_per_1k_tokens"], ".6f"), _fmt(r["p50_ms"], ".0f"), _fmt(r["p99_ms"], ".0f"),
+                         "" if r["grid_cut_pct"] is None else f"-{r['grid_cut_pct']:g}%"])
+    return "<div id='serving'>" + _table(["served model", "cloud", "share", "served share", "replicas ready", "tokens/s",
+                                          "USD / 1k tokens", "p50 ms", "p99 ms", "grid request"], rows,
+                                         numeric={2, 3, 5, 6, 7, 8}) + "</div>"
+
+
 def _compute_view(user) -> str:
     fed, ledger = _sources()
     shown, note = visible_tenants(user, [t.name for t in fed.tenants])
@@ -166,7 +185,14 @@ def _compute_view(user) -> str:
         + "<h2>Recent runs</h2>"
         + (_table(["run", "tenant", "mode", "clouds", "state", "rounds", "final eval loss", "iteration-time gap"], recent, numeric={5, 6, 7})
            if recent else "<p class='muted'>no runs yet</p>")
+        + "<h2>Serving: traffic per cloud</h2>" + serving_section(_serving(shown))
     )
+
+
+def _serving(shown: list[str]) -> list[dict]:
+    from crosscloud.serving.status import fleet_status, fleets
+
+    return [fleet_status(f) for f in fleets(shown)]
 
 
 def _timeline(view) -> str:

@@ -41,6 +41,18 @@ def test_cross_cloud_training_stages_and_params(dagbag):
     assert params == JobSpec().to_dict()
 
 
+def test_inference_placement_preheats_before_it_places_and_runs_hourly(dagbag):
+    from datetime import timedelta
+
+    dag = dagbag.get_dag("inference_placement")
+    order = ["resolve", "find_cold", "preheat", "place", "apply", "record"]
+    for before, after in zip(order, order[1:]):
+        assert after in dag.get_task(before).get_flat_relative_ids(upstream=False), f"{before} must precede {after}"
+    assert dag.get_task("place").trigger_rule == "none_failed"  # no cold cloud: the mapped preheat is skipped
+    assert dag.schedule == timedelta(hours=1)
+    assert {"tenant", "model", "alias", "clouds", "latency_goal_ms", "min_share", "jurisdictions"} <= set(dag.params)
+
+
 PARSE = """
 import json, socket, sys
 def refuse(*a, **k):

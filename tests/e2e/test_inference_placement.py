@@ -27,6 +27,7 @@ from crosscloud.serving.replica import ServeSpec
 from crosscloud.serving.server import CLOUD_HEADER
 from crosscloud.serving.status import fleet_status
 from crosscloud.store.open_store import open_store
+from crosscloud_airflow.ui import serving_section
 
 pytestmark = [pytest.mark.inference, pytest.mark.e2e, pytest.mark.slow]
 
@@ -142,6 +143,10 @@ def test_status_shows_each_cloud_as_served(served, capsys):
     assert cli(["serve", "status", "--tenant", TENANT, "--model", MODEL]) == 0
     out = capsys.readouterr().out
     assert "beijing" in out and "shanghai" in out and fleet.router().url in out
+    page = serving_section([fleet_status(fleet)])  # the crosscloud page's serving table
+    for cloud, row in rows.items():
+        assert f"<td>{cloud}</td>" in page and f"{row['planned_share']:.2f}" in page
+    assert fleet.router().url in page and "p99 ms" in page
 
 
 def test_a_grid_request_cuts_the_cloud_and_its_traffic_returns_after(served, dagbag):
