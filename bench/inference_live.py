@@ -15,21 +15,26 @@ it is already warm and up, and gets no share before hour 1).
 Each policy (price-unaware, crosscloud) replays the same slice: requests at
 ``--live-rps`` (``max_tokens`` ``--live-max-tokens``) from a thread pool, and
 at each hour's start the router's weights are that policy's shares of the
-three live clouds, renormalised. At the grid request's hour the grid cloud is
-drained (``router.drain``) until the slice or the request ends.
+three live clouds, renormalised. At the grid request's hour those shares are
+the shed: the policy solved that hour with the cut as a bound, so the grid
+cloud keeps the traffic whose modelled draw is the asked share below its draw
+without the request, not none. When the request ends, the next hour's shares
+bring the traffic back.
 
 Figures: ``failed_requests`` = answers not 200 or not received, both policies;
 latency = client-side seconds per request; ``bytes_moved`` = bytes preheating
-sent to warm clouds; ``time_to_shed_s`` = seconds from the drain until the
-router shows 0 requests in flight on the cloud; ``shed_pct`` = the fall of the
-cloud's share of requests answered: the share of requests started after the
-shed held that it answered, against its share in the hour before the drain.
+sent to warm clouds; ``time_to_shed_s`` = seconds from the weight change until
+the last request the grid cloud had started before it was answered (in-flight
+requests finish where they started); ``shed_pct`` = the fall of the grid
+cloud's draw (crosscloud's run): the power model at the share of the live
+requests the cloud actually answered once the shed held (x the hour's tokens/s
+of the live clouds, the plan's replicas), against its modelled draw that hour
+without the request.
 """
 
 from __future__ import annotations
 
 import os
-import socket
 import sys
 import tempfile
 import threading
@@ -46,9 +51,11 @@ from crosscloud.core.federation import DEFAULT_FEDERATION, load_federation
 from crosscloud.core.keys import RunKeys
 from crosscloud.core.paths import state_dir
 from crosscloud.run.plan import Plan
+from crosscloud.serving.fleet import free_port
 from crosscloud.serving.replica import ServeSpec, bring_up, stop_local
 from crosscloud.serving.router import Router
 from crosscloud.serving.server import CLOUD_HEADER
+from crosscloud.serving.traffic import power_w
 from crosscloud.store.chunks import put_blob
 from crosscloud.store.commit import read_step
 from crosscloud.store.open_store import open_store
@@ -68,12 +75,6 @@ def add_arguments(p) -> None:
     p.add_argument("--live-seconds-per-hour", type=float, default=5.0)
     p.add_argument("--live-rps", type=float, default=20.0, help="requests per second sent through the router")
     p.add_argument("--live-max-tokens", type=int, default=8)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def newest_trained_model() -> tuple[bytes, dict, str] | None:
@@ -217,18 +218,10 @@ def add_cloud(live: Live, cloud: str) -> None:
     live.added_s = time.monotonic() - t
 
 
-def shed(live: Live, cloud: str) -> dict:
-    """Drain the grid cloud: when, and the seconds until the router shows nothing in flight on it."""
-    t = time.monotonic()
-    live.router.drain(cloud)
-    while any(s["in_flight"] for s in live.router.status().values() if s["cloud"] == cloud) and time.monotonic() - t < 120:
-        time.sleep(0.01)
-    return {"drained_at": t, "held_at": time.monotonic(), "time_to_shed_s": time.monotonic() - t}
-
-
 def replay_policy(live: Live, load: Load, run, hours: list[int], idx: list[int], grid: tuple[int, int] | None,
                   seconds: float) -> dict:
-    """One policy over the slice: weights each hour, the third cloud from hour 1, the grid request at its hour."""
+    """One policy over the slice: weights each hour, the third cloud from hour 1; at the grid request's hour the
+    policy's own shares (the cut as a bound) are the shed, and when it ends its shares bring the traffic back."""
     shares, third = live_shares(run, hours, idx), live.names[2]
     load.policy, out, adder, starts = run.name, {}, None, []
     for k in range(len(hours)):
@@ -242,12 +235,10 @@ def replay_policy(live: Live, load: Load, run, hours: list[int], idx: list[int],
             adder = threading.Thread(target=add_cloud, args=(live, third))
             adder.start()
         if grid and k == grid[0]:
-            out["grid"] = shed(live, live.names[0])
-            out["grid"]["before"] = load.share(run.name, live.names[0], starts[k - 1], starts[k]) if k else float("nan")
+            out["grid"] = {"changed_at": starts[k], "hour": k}
+        if grid and k == grid[0] + grid[1]:
+            out["restore_at"] = starts[k]
         time.sleep(max(0.0, starts[k] + seconds - time.monotonic()))
-        if "grid" in out and "restore_at" not in out and k + 1 in (grid[0] + grid[1], len(hours)):
-            out["restore_at"] = time.monotonic()
-            live.router.restore(live.names[0])
     if adder is not None:
         adder.join(timeout=120)
     out["end"] = time.monotonic()
@@ -266,8 +257,14 @@ def choose(sc, runs: dict, cut, n_hours: int) -> tuple[list[int], list[int], tup
     return hours, [lead, *map(int, others)], ((g - first, cut.hours) if cut else None)
 
 
+def held_after(load: Load, policy: str, cloud: str, changed_at: float) -> float:
+    """Seconds from the weight change until the last request the cloud had started before it was answered."""
+    ends = [r[2] for r in load.records if r[0] == policy and r[3] == cloud and r[1] < changed_at]
+    return max(0.0, max(ends, default=changed_at) - changed_at)
+
+
 def figures(load: Load, events: dict, cloud: str) -> dict:
-    """Failed requests, latency per policy, and the grid request's shed (see the module docstring)."""
+    """Failed requests, latency per policy, and the grid cloud's share of requests around the request."""
     out = {"failed_requests": sum(not r[4] for r in load.records),
            "answered": {c: sum(r[3] == c for r in load.records) for c in sorted({r[3] for r in load.records if r[3]})}}
     for policy, ev in events.items():
@@ -277,10 +274,23 @@ def figures(load: Load, events: dict, cloud: str) -> dict:
                        "p99_ms": float(np.quantile(lat, 0.99)) if len(lat) else float("nan")}
         if "grid" in ev:
             g = ev["grid"]
-            during = load.share(policy, cloud, g["held_at"], ev.get("restore_at", ev["end"]))
-            out[policy].update(time_to_shed_s=g["time_to_shed_s"], before=g["before"], during=during,
-                               shed_pct=100 * (1 - during / g["before"]) if g["before"] > 0 else float("nan"))
+            hold = held_after(load, policy, cloud, g["changed_at"])
+            out[policy].update(time_to_shed_s=hold, hour=g["hour"],
+                               during=load.share(policy, cloud, g["changed_at"] + hold, ev.get("restore_at", ev["end"])))
     return out
+
+
+def measured_shed(sc, run, hour: int, idx: list[int], during: float) -> dict:
+    """The grid cloud's draw at the share of requests it actually answered, against its draw this hour without the
+    request: the policy's plan gives the hour's tokens/s of the live clouds and the replicas; the power model, watts."""
+    plan = run.plans[hour]
+    (shed,) = [s for s in plan.sheds if s.cloud == sc.clouds[idx[0]].name]
+    live_tps = sum(plan.tokens_per_s[sc.clouds[i].name] for i in idx)
+    offer = next(o for o in sc.offers(hour, sc.seen(hour)) if o.name == shed.cloud)
+    after_w = power_w(offer, shed.replicas_after, during * live_tps)
+    return {"shed_pct": 100 * (1 - after_w / shed.before_w), "before_w": shed.before_w, "after_w": after_w,
+            "modelled_pct": shed.achieved_pct, "asked_pct": shed.reduce_pct,
+            "planned_share": plan.tokens_per_s[shed.cloud] / max(live_tps, 1e-12)}
 
 
 def serve_slice(live: Live, sc, runs: dict, plan, args) -> dict:
@@ -319,6 +329,8 @@ def live_figures(sc, runs: dict, cut, args) -> dict:
             for k, v in saved.items():
                 os.environ.pop(k, None) if v is None else os.environ.__setitem__(k, v)
     base, mine = out["price-unaware"], out["crosscloud"]
+    if "hour" in mine:
+        mine.update(measured_shed(sc, runs["crosscloud"], plan[0][mine["hour"]], plan[1], mine["during"]))
     return {"failed_requests": out["failed_requests"], "time_to_shed_s": mine.get("time_to_shed_s", 0.0),
             "shed_pct": mine.get("shed_pct", 0.0), "p99_latency_ratio": mine["p99_ms"] / base["p99_ms"],
             "bytes_moved": sum(live.report.sent_bytes.values()), "details": out, "model": source,
@@ -328,11 +340,14 @@ def live_figures(sc, runs: dict, cut, args) -> dict:
 def describe(out: dict, live: Live, source: str, plan) -> str:
     hours, _, grid = plan
     pol = "; ".join(f"{p} {out[p]['requests']} requests p50 {out[p]['p50_ms']:.0f} ms p99 {out[p]['p99_ms']:.0f} ms"
-                    + (f", {live.names[0]} share {out[p]['before']:.3f} -> {out[p]['during']:.3f} in "
-                       f"{out[p]['time_to_shed_s']:.3f} s" if "time_to_shed_s" in out[p] else "")
                     for p in ("price-unaware", "crosscloud"))
+    mine = out["crosscloud"]
+    cut = (f"; grid request -{mine['asked_pct']:g}% on {live.names[0]}: share of the live requests planned "
+           f"{mine['planned_share']:.3f}, answered {mine['during']:.3f} once the requests in flight finished "
+           f"({mine['time_to_shed_s']:.2f} s), draw {mine['before_w'] / 1000:.2f} -> {mine['after_w'] / 1000:.2f} kW "
+           f"(modelled {mine['modelled_pct']:.1f}%, measured split {mine['shed_pct']:.1f}%)") if "shed_pct" in mine else ""
     return (f"LIVE on 127.0.0.1: replay hours {hours[0]}..{hours[-1]} on {', '.join(live.names)} (grid request on "
             f"{live.names[0]} at slice hour {grid[0] if grid else '-'}, {live.names[2]} preheated and added at hour 1 in "
             f"{live.added_s:.1f} s); answered by cloud {out['answered']}; model: "
-            f"{source}; {sum(live.report.sent_bytes.values())} bytes preheated {dict(live.report.sent_bytes)}; {pol}; "
-            f"failed {out['failed_requests']}")
+            f"{source}; {sum(live.report.sent_bytes.values())} bytes preheated {dict(live.report.sent_bytes)}; {pol}"
+            f"{cut}; failed {out['failed_requests']}")

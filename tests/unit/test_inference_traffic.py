@@ -93,6 +93,17 @@ def test_a_grid_request_cuts_the_power_and_traffic_returns_when_it_ends():
     assert after.shares == pytest.approx(before.shares)
 
 
+def test_a_grid_request_is_planned_with_a_margin_for_the_routers_split():
+    offers = [offer("cheap", 1e-9, capacity=2000.0, devices=16), offer("dear", 1e-7, capacity=2000.0, devices=16)]
+    g = goal(tps=1200.0)
+    before = place_traffic(g, offers).tokens_per_s
+    exact = place_traffic(g, offers, [GridCut("cheap", 10.0, 300.0, margin_pct=0.0)], in_force=before).sheds[0]
+    margin = place_traffic(g, offers, [GridCut("cheap", 10.0, 300.0)], in_force=before).sheds[0]
+    assert exact.achieved_pct == pytest.approx(10.0, abs=0.01)
+    assert margin.achieved_pct == pytest.approx(12.0, abs=0.01) and margin.held
+    assert margin.limit_tps < exact.limit_tps
+
+
 def test_energy_per_token_follows_the_inference_power_curve():
     curve = fit_power_curve(kind="inference")  # the synthetic sweep of tests/conftest.py: half cap -> 0.9 speed, 0.5 power
     model = ServedModel()

@@ -74,11 +74,17 @@ class Goal:
 
 @dataclass(frozen=True)
 class GridCut:
-    """A grid request: cut ``reduce_pct`` of the cloud's power within ``within_s`` (``grid.demand_response``'s form)."""
+    """A grid request: cut ``reduce_pct`` of the cloud's power within ``within_s`` (``grid.demand_response``'s form).
+
+    The plan aims ``margin_pct`` points beyond the cut: the router splits requests
+    by weighted random, so over a short window the cloud answers a few percent
+    more or less than its share, and a grid operator counts what was delivered.
+    """
 
     cloud: str
     reduce_pct: float
     within_s: float
+    margin_pct: float = 2.0
 
 
 @dataclass(frozen=True)
@@ -183,7 +189,8 @@ def shed_limit(offer: CloudOffer, tps_now: float, cut: GridCut, rho_cap: float) 
     """Most traffic the cloud may keep, and its replicas, so that its power falls by ``cut.reduce_pct``."""
     r0 = replicas_for(offer, tps_now, rho_cap) if offer.warm else 0
     before = power_w(offer, r0, tps_now)
-    target = before * (1 - cut.reduce_pct / 100) * (1 - 1e-9)  # at least the cut, not a rounding short of it
+    aim = min(100.0, cut.reduce_pct + cut.margin_pct)
+    target = before * (1 - aim / 100) * (1 - 1e-9)  # at least the cut, not a rounding short of it
     per_device_tps = offer.capacity_tps / offer.devices
     best_t, best_r = 0.0, 0
     for r in range(r0, 0, -1):
