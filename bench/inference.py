@@ -61,6 +61,7 @@ from crosscloud.serving.replica import ReplicaError
 from crosscloud.serving.replay import build_replay, daily_profile, read_azure_trace, read_clouds
 from crosscloud.serving.router import RouterError
 from crosscloud.serving.traffic import Goal, GridCut, place_traffic
+from crosscloud.tracking.serving_hours import BENCH_EXPERIMENT, log_benchmark
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import inference_live  # beside this file
@@ -92,6 +93,7 @@ def parse_args(argv):
     p.add_argument("--max-utilisation", type=float, default=0.9)
     p.add_argument("--grid", default="auto:10:5:30:2", help="CLOUD:PCT:WITHIN_MIN:START_H:HOURS, or 'none'")
     p.add_argument("--no-day-ahead", action="store_true")
+    p.add_argument("--no-mlflow", action="store_true", help="do not record the run in MLflow (experiment bench-inference)")
     inference_live.add_arguments(p)
     return p.parse_args(argv)
 
@@ -244,9 +246,21 @@ def main(argv=None) -> int:
     print(f"crosscloud vs nearest cloud: {100 * (1 - mine.usd_per_mtoken / out['nearest'].usd_per_mtoken):.1f} % "
           f"cheaper per token, p99 ratio {mine.p99_s / out['nearest'].p99_s:.3f}")
     print(f"wall time {time.time() - t_start:.1f} s")
-    print(last_line({"cost_per_token_reduction_pct": reduction, "fraction_of_optimal": frac,
-                     "p99_latency_ratio": modelled_ratio, **live}))
+    figures = {"cost_per_token_reduction_pct": reduction, "fraction_of_optimal": frac,
+               "p99_latency_ratio": modelled_ratio, **live}
+    if not args.no_mlflow:
+        print(f"MLflow: run {record(args, sc, runs, out, figures)} of the experiment {BENCH_EXPERIMENT}")
+    print(last_line(figures))
     return 0
+
+
+def record(args, sc: Scenario, runs: list, out: dict, figures: dict) -> str:
+    """The run in MLflow: its arguments and figures, each policy's cost and latency and hourly shares."""
+    params = {k: (",".join(map(str, v)) if isinstance(v, list) else v) for k, v in vars(args).items() if v is not None}
+    policies = {name: {"electricity_usd": o.electricity_usd, "usd_per_mtoken": o.usd_per_mtoken, "p50_s": o.p50_s,
+                       "p99_s": o.p99_s, "failed": o.failed, "tokens": o.tokens} for name, o in out.items()}
+    shares = {run.name: {c.name: run.shares[:, i] for i, c in enumerate(sc.clouds)} for run in runs}
+    return log_benchmark(params, policies, shares, figures)
 
 
 def last_line(figures: dict) -> str:

@@ -55,7 +55,7 @@ def resolve() -> dict:
     use_airflow_connections()
     req, fed = _request(), load_federation()
     version = find_version(Tracker().client, req.model, req.alias)
-    spec = publish(fed, version, req.model)
+    spec = publish(fed, version, req.model, get_current_context()["params"]["tokenizer"] or None)
     print(f"{req.model}@{req.alias} = version {version.version} (run {version.run_id})")
     return {"spec": spec.__dict__, "clouds": req.chosen_clouds(fed),
             "version": {"name": version.name, "version": version.version, "run_id": version.run_id}}
@@ -159,6 +159,8 @@ def record(decision: dict) -> str:
         "generated_tokens": Param(16.0, type="number", exclusiveMinimum=0, description="Mean generated tokens per request."),
         "jurisdictions": Param([], type="array", items={"type": "string"},
                                description="Where the tenant's requests may be served (empty: anywhere)."),
+        "tokenizer": Param("", type="string", description="hf-causal-lm models: the tokenizer.json its prepare.py "
+                           "wrote, a path on the hosts (empty for byte-lm)."),
         "router_port": Param(0, type="integer", minimum=0, maximum=65535,
                              description="Port of the router when it is first started (0: a free one)."),
     },

@@ -93,12 +93,17 @@ def resolve(client, name: str, alias: str) -> Version:
     return Version(name, int(version.version), version.run_id, plan, weights(client, version))
 
 
-def publish(fed: Federation, version: Version, served_name: str) -> ServeSpec:
-    """Put the weights in the run's home store (by content: a no-op when the run left them there); the spec to serve."""
+def publish(fed: Federation, version: Version, served_name: str, tokenizer: str | None = None) -> ServeSpec:
+    """Put the weights in the run's home store (by content: a no-op when the run left them there); the spec to serve.
+
+    ``tokenizer``: an hf-causal-lm model's ``tokenizer.json`` (byte-lm needs none)."""
     plan = version.plan
+    if plan.program is not None and plan.program.family != "byte-lm" and not tokenizer:
+        raise ServingPlacementError(f"{version.name} v{version.version} is a {plan.program.family} model: give its "
+                                    "tokenizer.json (the DAG's Param tokenizer)")
     home = open_store(fed.cloud(plan.coordinator_cloud), plan.tenant)
     ref, _ = put_blob(home, plan.tenant, version.weights, kind="model")
-    return ServeSpec.from_plan(plan, served_name, ref)
+    return ServeSpec.from_plan(plan, served_name, ref, tokenizer)
 
 
 def needed(spec: ServeSpec) -> list[BlobRef]:

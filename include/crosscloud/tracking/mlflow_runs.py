@@ -112,6 +112,16 @@ class Tracker:
         now = int(time.time() * 1000)
         self.client.log_batch(run_id, metrics=[Metric(k, float(v), now, step) for k, v in metrics.items()])
 
+    def log_series(self, run_id: str, key: str, values, batch: int = 1000) -> None:
+        """``values`` as one metric whose steps are their indexes (MLflow takes at most 1000 a batch)."""
+        from mlflow.entities import Metric
+
+        now = int(time.time() * 1000)
+        values = [float(v) for v in values]
+        for start in range(0, len(values), batch):
+            self.client.log_batch(run_id, metrics=[Metric(key, v, now, step) for step, v in
+                                                   enumerate(values[start:start + batch], start=start)])
+
     def log_round(self, plan, record: dict) -> None:
         """Parent: eval loss, wall time, clouds lost and contributions refused per round; children: per-step loss and iteration time."""
         from mlflow.entities import Metric

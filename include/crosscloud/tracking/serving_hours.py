@@ -54,3 +54,29 @@ def log_decision(record: dict, reason: str, tracker: Tracker | None = None) -> s
     tracker.client.log_text(rid, json.dumps(record, indent=2), "decision.json")
     tracker.client.set_terminated(rid, "FINISHED")
     return rid
+
+
+BENCH_EXPERIMENT = "bench-inference"
+
+
+def log_benchmark(params: dict, policies: dict[str, dict], hourly_shares: dict[str, dict[str, list[float]]],
+                  figures: dict, tracker: Tracker | None = None) -> str:
+    """One run of ``make bench-inference``: a parent run with its arguments and last-line figures, a nested run per
+    policy with its cost and latency, and per replay hour its share of each cloud (metric steps = hours)."""
+    tracker = tracker or Tracker()
+    exp_id = tracker.experiment_id(BENCH_EXPERIMENT)
+    parent = tracker.client.create_run(exp_id, run_name=f"{params.get('start')}..{params.get('end')}",
+                                       tags={f"{TAG}.level": "benchmark"})
+    pid = parent.info.run_id
+    tracker.log_params(pid, params)
+    tracker.log_metrics(pid, {k: v for k, v in figures.items() if isinstance(v, (int, float))})
+    for name, outcome in policies.items():
+        child = tracker.client.create_run(exp_id, run_name=name, tags={"mlflow.parentRunId": pid,
+                                                                      f"{TAG}.level": "policy"})
+        cid = child.info.run_id
+        tracker.log_metrics(cid, outcome)
+        for cloud, shares in hourly_shares.get(name, {}).items():
+            tracker.log_series(cid, f"share.{cloud}", shares)
+        tracker.client.set_terminated(cid, "FINISHED")
+    tracker.client.set_terminated(pid, "FINISHED")
+    return pid
