@@ -163,7 +163,7 @@ def plan_hour(fed: Federation, req: ServingRequest, model: ServedModel, warm: di
                                         step_s)
     if not offers:
         raise ServingPlacementError("no cloud can serve: " + "; ".join(f"{c.cloud}: {c.reason}" for c in refused))
-    grid = [GridCut(c, cut["reduce_pct"], cut["within_s"]) for c, cut in cuts.items() if any(o.name == c for o in offers)]
+    grid = grid_cuts(cuts, offers)
     plan = place_traffic(req.goal(), offers, grid, in_force)
     plan.considered.extend(refused)
     return plan, offers
@@ -188,10 +188,16 @@ def plan_fields(plan: TrafficPlan) -> dict:
             "considered": [asdict(c) for c in plan.considered]}
 
 
+def grid_cuts(cuts: dict[str, dict], offers: list[CloudOffer]) -> list[GridCut]:
+    """The grid cuts in force (as the fleet keeps them) on clouds that have an offer."""
+    names = {o.name for o in offers}
+    return [GridCut(c, cut["reduce_pct"], cut["within_s"]) for c, cut in cuts.items() if c in names]
+
+
 def replan(record: dict, cuts: dict[str, dict], in_force: dict[str, float] | None) -> TrafficPlan:
     """The plan of a recorded decision's hour again, with other grid cuts (a grid request starting or ending)."""
     req = ServingRequest(**{**record["request"], "clouds": tuple(record["request"]["clouds"]),
                             "jurisdictions": tuple(record["request"]["jurisdictions"])})
     offers = [offer_from_dict(o) for o in record["offers"]]
-    grid = [GridCut(c, cut["reduce_pct"], cut["within_s"]) for c, cut in cuts.items() if any(o.name == c for o in offers)]
+    grid = grid_cuts(cuts, offers)
     return place_traffic(req.goal(), offers, grid, in_force)
