@@ -58,7 +58,9 @@ what is known, 1-48 h ahead.
 
 Last line: ``electricity_cost_reduction_pct=<100 x (1 - crosscloud/unaware)>
 fraction_of_optimal_savings=<(unaware - crosscloud)/(unaware - optimum)>
-deadline_misses=<crosscloud's misses>``.
+deadline_misses=<crosscloud's misses> infeasible_at_arrival=<work crosscloud named infeasible at arrival>``.
+Deadlines are kept by construction (``crosscloud.research.deadlines``); the table gives per policy the misses,
+the work infeasible at arrival and the misses of work that was feasible.
 """
 
 from __future__ import annotations
@@ -75,7 +77,8 @@ import numpy as np
 from crosscloud.core.paths import data_dir
 from crosscloud.energy.power import device_power
 from crosscloud.energy.prices import UTC, CsvFeed, PriceOracle, check, choose_lag, evaluate_forecast, hour_index
-from crosscloud.research.price_timing import BatchJob, CloudSpec, TrainingJob, account, optimum, schedule
+from crosscloud.research.deadlines import Item, infeasible_alone
+from crosscloud.research.price_timing import BatchJob, CloudSpec, TrainingJob, account, occupancy, optimum, schedule
 from crosscloud.research.traces import read_throughputs, read_trace
 
 DEFAULT_REGIONS = "DE-LU,FR,ES,US-CAL-CISO,US-TEX-ERCO,SG"
@@ -108,6 +111,12 @@ def parse_args(argv):
     p.add_argument("--requests", type=int, default=40000, help="requests per batch inference job")
     p.add_argument("--request-device-s", type=float, default=1.8)
     p.add_argument("--batch-slack-h", type=int, default=24)
+    p.add_argument("--guard-urgent-slack-h", type=float, default=0.0,
+                   help="deadline guard: arrivals with less slack count toward the capacity held back for urgent work")
+    p.add_argument("--no-price-band", action="store_true",
+                   help="plan forecast hours at the forecast alone, without its measured error on top")
+    p.add_argument("--guard-window-h", type=int, default=24,
+                   help="deadline guard: the hours of past arrivals that measure the urgent work to come")
     p.add_argument("--load", type=float, default=0.6, help="offered load of each cloud")
     p.add_argument("--arrivals", choices=("span", "rank"), default="rank",
                    help="arrival times: each VC's span scaled onto the week, or its jobs evenly in arrival order")
@@ -244,16 +253,28 @@ def main(argv=None) -> int:
 
     oracle = PriceOracle(series, lags, day_ahead=not args.no_day_ahead)
     unaware = schedule("least-loaded", jobs, batches, clouds, horizon)
-    aware = schedule(args.policy, jobs, batches, clouds, horizon, view=oracle.view, t0=t0, replan=not args.no_replan)
+    band = {r: past["mae"] for r, _, past, _ in fc_rows}  # measured on the weeks before the start
+    guard = {"urgent_slack_h": args.guard_urgent_slack_h, "holdback_window_h": args.guard_window_h,
+             "band": None if args.no_price_band else band, "known_until": oracle.known_until}
+    aware = schedule(args.policy, jobs, batches, clouds, horizon, view=oracle.view, t0=t0, replan=not args.no_replan,
+                     **(guard if args.policy == "price-lp" else {}))
     opt = optimum(jobs, batches, clouds, horizon, prices)
     work = sum(j.devices * j.runtime_h for j in jobs) + sum(b.device_hours for b in batches)
-    print(f"{'policy':<16}{'elec USD':>10}{'USD/dev-h':>10}{'total USD':>11}{'MWh':>8}{'t CO2':>8}{'misses':>8}")
+    alone = infeasible_work(jobs, batches, clouds)
+    unaware.infeasible = alone  # price-unaware admits everything: only what no policy could meet is named
+    print(f"{'policy':<16}{'elec USD':>10}{'USD/dev-h':>10}{'total USD':>11}{'MWh':>8}{'t CO2':>8}{'misses':>8}"
+          f"{'infeasible':>11}{'missed feasible':>16}")
     acc = {}
     for name, s in (("price-unaware", unaware), ("crosscloud", aware)):
         a = account(s.placements, clouds, prices, carbon)
         acc[name] = a
         print(f"{name:<16}{a.electricity_usd:>10.0f}{a.electricity_usd / work:>10.4f}{a.total_usd:>11.0f}"
-              f"{a.energy_mwh:>8.2f}{a.carbon_kg / 1000:>8.2f}{len(s.misses):>8}")
+              f"{a.energy_mwh:>8.2f}{a.carbon_kg / 1000:>8.2f}{len(s.misses):>8}{len(s.infeasible):>11}"
+              f"{len(s.missed_feasible):>16}")
+    for name, why in sorted(aware.infeasible.items()):
+        print(f"  infeasible at arrival (crosscloud): {name}: {why}")
+    for name, hour in sorted(aware.at_risk.items(), key=lambda kv: kv[1]):
+        print(f"  admitted, then no longer protected (crosscloud): {name} from hour {hour}")
     print(f"{'optimum (LP)':<16}{opt.electricity_usd:>10.0f}{opt.electricity_usd / work:>10.4f}{'':>11}{'':>8}{'':>8}{0:>8}"
           f"   ({opt.status}; {opt.fractional_jobs} training jobs split by the relaxation)")
     if carbon and acc["crosscloud"].energy_without_carbon_mwh:
@@ -273,8 +294,26 @@ def main(argv=None) -> int:
     reduction = 100 * (1 - mine / base)
     frac = (base - mine) / (base - opt.electricity_usd) if base > opt.electricity_usd else float("nan")
     print(f"electricity_cost_reduction_pct={reduction:.1f} fraction_of_optimal_savings={frac:.3f} "
-          f"deadline_misses={len(aware.misses)}")
+          f"deadline_misses={len(aware.misses)} infeasible_at_arrival={len(aware.infeasible)}")
     return 0
+
+
+def infeasible_work(jobs, batches, clouds) -> dict[str, str]:
+    """The work no policy could finish in time even on empty clouds, with why."""
+    cap = np.array([c.devices for c in clouds], dtype=float)
+    out = {}
+    for j in jobs:
+        where = tuple(i for i, c in enumerate(clouds) if j.allowed is None or c.name in j.allowed)
+        why = infeasible_alone(cap, Item(j.name, j.deadline, where, devices=j.devices, occ=occupancy(j.runtime_h)),
+                               j.arrival)
+        if why:
+            out[j.name] = why
+    for b in batches:
+        where = tuple(i for i, c in enumerate(clouds) if b.allowed is None or c.name in b.allowed)
+        why = infeasible_alone(cap, Item(b.name, b.deadline, where, device_hours=b.device_hours), b.arrival)
+        if why:
+            out[b.name] = why
+    return out
 
 
 if __name__ == "__main__":

@@ -19,6 +19,7 @@ from typing import Callable, Sequence
 import numpy as np
 
 from crosscloud.energy.power import DEFAULT_PUE, energy_price_per_device_hour
+from crosscloud.research.deadlines import Guard, Item, witness
 
 
 @dataclass(frozen=True)
@@ -76,6 +77,13 @@ class Schedule:
     misses: list[str] = field(default_factory=list)
     unplaced: list[str] = field(default_factory=list)  # batch work that found no capacity at all
     preempted: list[str] = field(default_factory=list)  # training jobs paused (checkpointed) to make room
+    infeasible: dict[str, str] = field(default_factory=dict)  # work no schedule could finish in time: name -> why
+    at_risk: dict[str, int] = field(default_factory=dict)  # admitted work the guard could no longer protect: hour
+
+    @property
+    def missed_feasible(self) -> list[str]:
+        """Misses of work that was feasible at arrival: what the policy itself lost."""
+        return [m for m in self.misses if m not in self.infeasible]
 
 
 def occupancy(runtime_h: float) -> np.ndarray:
@@ -344,19 +352,21 @@ class _Greedy:
 
 def schedule(policy: str, jobs: Sequence[TrainingJob], batches: Sequence[BatchJob], clouds: Sequence[CloudSpec],
              horizon: int, view: PriceView | None = None, t0: int = 0, replan: bool = False,
-             publish_hour_utc: int = 12, headroom: float = 0.0, deferrable_slack_h: float = 6.0) -> Schedule:
+             publish_hour_utc: int = 12, headroom: float = 0.0, deferrable_slack_h: float = 6.0,
+             **rolling) -> Schedule:
     """Run ``policy`` ("price", "price-lp" or "least-loaded") online over the jobs; see the module docstring.
 
     ``view(region, decision_hour, start, hours)`` gives the prices (USD/MWh)
     a decision at absolute hour ``decision_hour`` sees for absolute hours
     ``start .. start+hours-1``; the schedule's hours are relative to ``t0``.
+    ``rolling``: settings of ``schedule_rolling`` (policy "price-lp").
     """
     if policy not in ("price", "price-lp", "least-loaded"):
         raise ValueError(f"unknown policy {policy!r}; expected 'price', 'price-lp' or 'least-loaded'")
     if policy in ("price", "price-lp") and view is None:
         raise ValueError("the price-aware policy needs a price view")
     if policy == "price-lp":
-        return schedule_rolling(jobs, batches, clouds, horizon, view, t0)
+        return schedule_rolling(jobs, batches, clouds, horizon, view, t0, **rolling)
     state = _Greedy(policy, clouds, horizon, view, t0, headroom, deferrable_slack_h)
     events = sorted([(j.arrival, 0, i) for i, j in enumerate(jobs)] + [(b.arrival, 1, i) for i, b in enumerate(batches)])
     last_time = None
@@ -512,6 +522,8 @@ class _RollingKnobs:
     hold_headroom: float
     milp_time_limit_s: float
     expect_arrivals: bool
+    urgent_slack_h: float = 0.0
+    holdback_window_h: int = 24
 
 
 class _HourPlan:
@@ -587,6 +599,8 @@ class _HourPlan:
         from scipy.sparse import coo_matrix
 
         n = len(self.cost)
+        if n == 0:  # nothing left to plan this hour (the deadline guard started it all)
+            return np.zeros(0)
         a_ub = coo_matrix((self.vals, (self.rows, self.cols)), shape=(len(self.clouds) * self.span, n)).tocsr()
         a_eq = coo_matrix((np.ones(len(self.eq_c)), (self.eq_r, self.eq_c)), shape=(len(self.b_eq), n)).tocsr()
         # this hour's starts are whole (a job starts now on one cloud, or not), so a job is not split over the
@@ -624,7 +638,9 @@ class _Rolling:
     """The rolling policy's state from hour to hour: the device calendar, the work waiting, running and paused."""
 
     def __init__(self, jobs: Sequence[TrainingJob], batches: Sequence[BatchJob], clouds: Sequence[CloudSpec],
-                 horizon: int, view: PriceView, t0: int, knobs: _RollingKnobs):
+                 horizon: int, view: PriceView, t0: int, knobs: _RollingKnobs, band: dict[str, float] | None = None,
+                 known_until: Callable[[int], int] | None = None):
+        self.band, self.known_until = band, known_until
         self.jobs = jobs
         self.batches = batches
         self.clouds = clouds
@@ -644,19 +660,24 @@ class _Rolling:
         self.placed: list[Placement] = []
         self.running: dict[str, tuple[Placement, TrainingJob, int]] = {}  # may be paused: name -> (placement, job, cloud)
         self.paused: set[str] = set()  # paused once: not paused again
+        self.guard = Guard(self.cal.cap, knobs.urgent_slack_h, knobs.holdback_window_h)
+        self.now = 0
 
     def run(self) -> Schedule:
         """Plan and act hour by hour from the first arrival until all work is placed or the horizon ends."""
         first = min([j.arrival for j in self.jobs] + [b.arrival for b in self.batches], default=0)
         for now in range(first, self.horizon):
+            self.now = now
             self.pending.extend(self.pending_extra)
             self.pending_extra.clear()
-            rates = _expected_rates(self.clouds, self.view, self.t0 + now, self.t0 + now, self.horizon - now)
+            rates = self._rates(now)
             self._admit(now, rates)
             if not self.pending and not any(v > 1e-9 for v in self.remaining.values()):
                 if self.ji >= len(self.arrivals) and self.bi >= len(self.b_arrivals):
                     break
                 continue
+            self._prune(now)
+            self._start_due(now)
             free = np.maximum(self.cal.cap[:, None] - self.cal.used[:, now:], 0.0)
             plan = self._plan(now, rates)
             share_now, planned, batch_now = plan.read(plan.solve(free, self.k.milp_time_limit_s))
@@ -664,17 +685,110 @@ class _Rolling:
             self._start_training(now, rates, share_now, planned)
         return self._finish()
 
+    def _rates(self, now: int) -> np.ndarray:
+        """Expected USD per device-hour from ``now``; hours only forecast carry the forecast's measured error on top
+        (``band``), so work waits for a forecast hour only when it is cheaper by more than the forecast misses by."""
+        rates = _expected_rates(self.clouds, self.view, self.t0 + now, self.t0 + now, self.horizon - now)
+        if self.band and self.known_until is not None:
+            known = self.known_until(self.t0 + now) - (self.t0 + now)  # the last hour known, as an offset
+            for ci, c in enumerate(self.clouds):
+                rates[ci, max(known + 1, 0):] += energy_price_per_device_hour(c.power_w, 1.0, c.pue) * self.band.get(c.region, 0.0)
+        return rates
+
     def _admit(self, now: int, rates: np.ndarray) -> None:
         """The work arriving by ``now``: big training jobs are reserved at once, the rest waits to be planned."""
         while self.ji < len(self.arrivals) and self.jobs[self.arrivals[self.ji]].arrival <= now:
             j = self.jobs[self.arrivals[self.ji]]
             self.ji += 1
-            if not self._reserve_big(j, now, rates):
+            self._check_arrival(self._job_item(j), now)
+            self.guard.observe(now, j.devices, j.runtime_h, j.deadline - now - j.runtime_h, self._job_item(j).clouds)
+            if j.name in self.out.infeasible or not self._reserve_big(j, now, rates):  # best effort waits its turn
                 self.pending.append(j)
         while self.bi < len(self.b_arrivals) and self.batches[self.b_arrivals[self.bi]].arrival <= now:
             b = self.b_arrivals[self.bi]
             self.remaining[b] = self.batches[b].device_hours
+            self._check_arrival(self._batch_item(b), now)
             self.bi += 1
+
+    def _check_arrival(self, item: Item, now: int) -> None:
+        """Name work no schedule can finish in time (with the work admitted before it): it runs as best effort.
+
+        A schedule may pause running jobs not paused before (``preempt``): they checkpoint and run their rest later.
+        """
+        used, resumed = self.cal.used, []
+        if self.k.preempt:
+            used, resumed = self.cal.used.copy(), []
+            for p, other, c in self.running.values():
+                left = p.end - now + self.k.preempt_overhead_h
+                if p.start < now < p.end and other.name not in self.paused and now + left <= other.deadline + 1e-9:
+                    tail = occupancy(other.runtime_h)[now - p.start:]
+                    used[c, now:now + len(tail)] -= p.devices * tail
+                    resumed.append(TrainingJob(other.name, other.devices, p.end - now + self.k.preempt_overhead_h, now,
+                                               other.deadline, other.allowed, other.home))
+        why = self.guard.admissible(used, self._items(extra=resumed), item, now)
+        if why is not None:
+            self.out.infeasible[item.name] = why
+
+    def _job_item(self, job: TrainingJob) -> Item:
+        return Item(job.name, job.deadline, tuple(_allowed(self.clouds, job.allowed)), devices=job.devices,
+                    occ=occupancy(job.runtime_h), arrival=job.arrival)
+
+    def _batch_item(self, b: int) -> Item:
+        batch = self.batches[b]
+        return Item(batch.name, batch.deadline, tuple(_allowed(self.clouds, batch.allowed)),
+                    device_hours=self.remaining[b], arrival=batch.arrival)
+
+    def _items(self, without: frozenset[str] = frozenset(), extra: Sequence[TrainingJob] = ()) -> list[Item]:
+        """The admitted work not running yet that the deadline guard protects (work infeasible at arrival is not)."""
+        jobs = [*self.pending, *self.pending_extra, *extra]
+        skip = {*self.out.infeasible, *self.out.at_risk, *without}
+        items = [self._job_item(j) for j in jobs if j.name not in skip]
+        items += [self._batch_item(b) for b, r in self.remaining.items() if r > 1e-9 and self.batches[b].name not in skip]
+        return items
+
+    def _prune(self, now: int) -> None:
+        """Work the EDF schedule can no longer fit by its deadline (even run at once) leaves the guard's protection:
+        it still runs, as best effort, and the rest stays protected. The invariant makes this rare; it is recorded."""
+        while True:
+            w = witness(self.guard.free(self.cal.used, now, hold=False), self._items(), now)
+            if w.ok:
+                return
+            self.out.at_risk[w.failed] = now
+
+    def _safe(self, now: int, trial: np.ndarray, without: frozenset[str] = frozenset(),
+              extra: Sequence[TrainingJob] = (), batch_left: dict[int, float] | None = None, hold: bool = True) -> bool:
+        """Whether the guard's invariant holds after a decision that leaves the calendar at ``trial``.
+
+        ``hold``: with the capacity held back for urgent work to come (a decision to wait); without it for one
+        made for work that is due (pausing to start it)."""
+        items = self._items(without, extra)
+        if batch_left:
+            names = {self.batches[b].name: left for b, left in batch_left.items()}
+            items = [i if i.name not in names else Item(i.name, i.deadline, i.clouds, device_hours=names[i.name],
+                                                        arrival=i.arrival) for i in items if names.get(i.name, 1) > 1e-9]
+        if hold and not self._holds_now(now):
+            hold = False  # the room held back is already short: judge decisions by the admitted work alone
+        return self.guard.keeps(trial, items, now, hold)
+
+    def _holds_now(self, now: int) -> bool:
+        """Whether the admitted work has a schedule from the next hour with the room for urgent work held back."""
+        return self.guard.keeps(self.cal.used, self._items(), now, True)
+
+    def _start_due(self, now: int) -> None:
+        """Start now the work the EDF schedule must start now for every protected deadline to stay reachable."""
+        due = self.guard.due_now(self.cal.used, self._items(), now)
+        by_name = {j.name: j for j in self.pending}
+        for name, (c, st) in due.starts.items():
+            job = by_name[name]
+            self.pending.remove(job)
+            self._take(job, c, st, occupancy(job.runtime_h), force=True)
+        by_batch = {self.batches[b].name: b for b in self.remaining}
+        for name, fills in due.fills.items():
+            b = by_batch[name]
+            for c, h, amount in fills:
+                self.cal.used[c, h] += amount
+                self.remaining[b] -= amount
+                self.placed.append(Placement(name, self.clouds[c].name, h, amount, h + 1, amount))
 
     def _reserve_big(self, job: TrainingJob, now: int, rates: np.ndarray) -> bool:
         """Reserve (for good) a job needing ``big_share`` of every cloud it may use at its cheapest free start.
@@ -688,8 +802,7 @@ class _Rolling:
         best = self._cheapest_slot(job, occ, now, job.last_start, rates, 1.0)
         if best is None:
             return False  # planned hourly like the rest (and may pause others when it must start)
-        self._take(job, *best, occ, kept=True)
-        return True
+        return self._take(job, *best, occ, kept=True)
 
     def _expected(self, now: int) -> list[TrainingJob]:
         """The work expected in the next 24 h, forecast seasonal-naively: the jobs of the last 24 h, a day later."""
@@ -712,6 +825,11 @@ class _Rolling:
         """Run the batches' device-hours the plan gives this hour, within the devices free now."""
         for b, c, amount in batch_now:
             take = min(amount, self.remaining[b], self.cal.cap[c] - self.cal.used[c, now])
+            if take > 1e-9 and self.batches[b].name not in self.out.infeasible:
+                trial = self.cal.used.copy()
+                trial[c, now] += take
+                if not self._safe(now, trial, batch_left={b: self.remaining[b] - take}):
+                    continue
             if take > 1e-9:
                 self.cal.used[c, now] += take
                 self.remaining[b] -= take
@@ -751,7 +869,8 @@ class _Rolling:
             if now > last_ok:
                 self._miss(job.name)
             return False
-        self._take(job, chosen, now, occ)
+        if not self._take(job, chosen, now, occ, hold=not must):
+            return False
         if now + job.runtime_h > job.deadline + 1e-9:
             self._miss(job.name)
         return True
@@ -762,14 +881,11 @@ class _Rolling:
         stays its own, if ``hold_headroom`` of the cloud stays free for urgent work; else the cheapest of
         starting now and holding another start in time that leaves that room. False when neither is possible."""
         _, c, later = planned
-        if self.cal.feasible_starts(c, now + later, now + later, job.devices, occ, 1.0 - self.k.hold_headroom):
-            self._take(job, c, now + later, occ)
+        if (self.cal.feasible_starts(c, now + later, now + later, job.devices, occ, 1.0 - self.k.hold_headroom)
+                and self._take(job, c, now + later, occ)):
             return True
         best = self._cheapest_slot(job, occ, now, job.last_start, rates, 1.0 - self.k.hold_headroom)
-        if best is not None:
-            self._take(job, *best, occ)
-            return True
-        return False
+        return best is not None and self._take(job, *best, occ)
 
     def _cloud_now(self, job: TrainingJob, occ: np.ndarray, now: int, rates: np.ndarray, sh: np.ndarray | None,
                    must: bool) -> int | None:
@@ -800,9 +916,8 @@ class _Rolling:
             if st and (early is None or st[0] < early[1]):
                 early = (c, st[0])
         late = early is not None and early[1] + job.runtime_h > job.deadline + 1e-9
-        if early is None or (late and now < job.last_start):
+        if early is None or (late and now < job.last_start) or not self._take(job, *early, occ, kept=True):
             return False
-        self._take(job, *early, occ, kept=True)
         if late:
             self._miss(job.name)
         return True
@@ -823,13 +938,24 @@ class _Rolling:
                     best = (wc[st - now], c, st)
         return None if best is None else best[1:]
 
-    def _take(self, job: TrainingJob, c: int, st: int, occ: np.ndarray, kept: bool = False) -> None:
-        """Run (or hold) ``job`` on cloud ``c`` from ``st``; a ``kept`` reservation is never paused or released."""
+    def _take(self, job: TrainingJob, c: int, st: int, occ: np.ndarray, kept: bool = False, force: bool = False,
+              hold: bool = True) -> bool:
+        """Run (or hold) ``job`` on cloud ``c`` from ``st``; a ``kept`` reservation is never paused or released.
+
+        Refused (False) when it would leave a protected deadline with no schedule, unless ``force``d (work due now);
+        ``hold``: checked with the capacity held back for urgent work to come (not for a start of work that is due).
+        """
+        if not force:
+            trial = self.cal.used.copy()
+            trial[c, st:st + len(occ)] += job.devices * occ
+            if not self._safe(self.now, trial, without=frozenset({job.name}), hold=hold):
+                return False
         self.cal.reserve(c, st, job.devices, occ)
         self.placed.append(Placement(job.name, self.clouds[c].name, st, job.devices * job.runtime_h,
                                      st + job.runtime_h, job.devices))
         if not kept:
             self.running[job.name] = (self.placed[-1], job, c)
+        return True
 
     def _make_room(self, job: TrainingJob, occ: np.ndarray, now: int, cands: list[int], rates: np.ndarray,
                    min_slack_h: float) -> int | None:
@@ -837,12 +963,24 @@ class _Rolling:
         ``job`` now, on the cloud cheapest now where that is enough; that cloud, or None."""
         for c in sorted(cands, key=lambda c: rates[c, 0]):
             victims = self._victims(job, occ, now, c, min_slack_h)
-            if victims is None:
+            if victims is None or not self._pausing_safe(job, occ, now, c, victims):
                 continue
             for name in victims:
                 self._pause(name, c, now)
             return c
         return None
+
+    def _pausing_safe(self, job: TrainingJob, occ: np.ndarray, now: int, c: int, victims: list[str]) -> bool:
+        """Whether pausing ``victims`` to start ``job`` on ``c`` now keeps every protected deadline reachable."""
+        trial, resumed = self.cal.used.copy(), []
+        for name in victims:
+            p, other, _ = self.running[name]
+            tail = occupancy(other.runtime_h)[now - p.start:]
+            trial[c, now:now + len(tail)] -= p.devices * tail
+            resumed.append(TrainingJob(other.name, other.devices, p.end - now + self.k.preempt_overhead_h, now,
+                                       other.deadline, other.allowed, other.home))
+        trial[c, now:now + len(occ)] += job.devices * occ
+        return self._safe(now, trial, without=frozenset({job.name}), extra=resumed, hold=False)
 
     def _victims(self, job: TrainingJob, occ: np.ndarray, now: int, c: int, min_slack_h: float) -> list[str] | None:
         """The fewest running jobs on cloud ``c``, most slack first, whose pausing frees room for ``job``; None when
@@ -907,7 +1045,9 @@ def schedule_rolling(jobs: Sequence[TrainingJob], batches: Sequence[BatchJob], c
                      margin_h: int = 1, preempt: bool = True, preempt_overhead_h: float = 0.25,
                      preempt_min_slack_h: float = 12.0, big_share: float = 0.5, hold_headroom: float = 0.25,
                      milp_time_limit_s: float = 10.0, expect_arrivals: bool = True,
-                     last_resort_slack_h: float = 3.0) -> Schedule:
+                     last_resort_slack_h: float = 3.0, urgent_slack_h: float = 0.0,
+                     holdback_window_h: int = 24, band: dict[str, float] | None = None,
+                     known_until: Callable[[int], int] | None = None) -> Schedule:
     """The online price-aware policy as a rolling plan (``policy="price-lp"`` of ``schedule``).
 
     Every hour ``now``, the work that has arrived and not started (training
@@ -934,7 +1074,15 @@ def schedule_rolling(jobs: Sequence[TrainingJob], batches: Sequence[BatchJob], c
     * ``milp_time_limit_s``: bound on each hour's solve; past it, the relaxation's plan is used.
     * ``expect_arrivals``: the plan also holds the work expected in the next 24 h (planned, never run), to keep
       room on the cheap clouds for urgent arrivals.
+    * Deadlines are kept by construction (``research.deadlines``): no decision leaves an admitted deadline with
+      no earliest-deadline-first schedule. Work arriving later may pause running work that can still finish in
+      time; ``urgent_slack_h`` > 0 (with ``holdback_window_h``) also keeps room for the urgent work the recent
+      arrivals measure (off by default: see ``docs/energy-and-grid.md``). Work no schedule could finish in time
+      is named in ``Schedule.infeasible`` at arrival and runs as best effort.
+    * ``band`` (USD/MWh per region) and ``known_until`` (the last hour known at a decision): hours only forecast
+      cost the band more, the forecast's measured error, so a wrong forecast costs money, never a deadline.
     """
     knobs = _RollingKnobs(start_threshold, miss_penalty, margin_h, preempt, preempt_overhead_h, preempt_min_slack_h,
-                          last_resort_slack_h, big_share, hold_headroom, milp_time_limit_s, expect_arrivals)
-    return _Rolling(jobs, batches, clouds, horizon, view, t0, knobs).run()
+                          last_resort_slack_h, big_share, hold_headroom, milp_time_limit_s, expect_arrivals,
+                          urgent_slack_h, holdback_window_h)
+    return _Rolling(jobs, batches, clouds, horizon, view, t0, knobs, band, known_until).run()
