@@ -77,8 +77,8 @@ import numpy as np
 from crosscloud.core.paths import data_dir
 from crosscloud.energy.power import device_power
 from crosscloud.energy.prices import UTC, CsvFeed, PriceOracle, check, choose_lag, evaluate_forecast, hour_index
-from crosscloud.research.deadlines import Item, infeasible_alone
-from crosscloud.research.price_timing import BatchJob, CloudSpec, TrainingJob, account, occupancy, optimum, schedule
+from crosscloud.research.price_timing import (BatchJob, CloudSpec, TrainingJob, account, infeasible_work, optimum,
+                                              schedule)
 from crosscloud.research.traces import read_throughputs, read_trace
 
 DEFAULT_REGIONS = "DE-LU,FR,ES,US-CAL-CISO,US-TEX-ERCO,SG"
@@ -296,24 +296,6 @@ def main(argv=None) -> int:
     print(f"electricity_cost_reduction_pct={reduction:.1f} fraction_of_optimal_savings={frac:.3f} "
           f"deadline_misses={len(aware.misses)} infeasible_at_arrival={len(aware.infeasible)}")
     return 0
-
-
-def infeasible_work(jobs, batches, clouds) -> dict[str, str]:
-    """The work no policy could finish in time even on empty clouds, with why."""
-    cap = np.array([c.devices for c in clouds], dtype=float)
-    out = {}
-    for j in jobs:
-        where = tuple(i for i, c in enumerate(clouds) if j.allowed is None or c.name in j.allowed)
-        why = infeasible_alone(cap, Item(j.name, j.deadline, where, devices=j.devices, occ=occupancy(j.runtime_h)),
-                               j.arrival)
-        if why:
-            out[j.name] = why
-    for b in batches:
-        where = tuple(i for i, c in enumerate(clouds) if b.allowed is None or c.name in b.allowed)
-        why = infeasible_alone(cap, Item(b.name, b.deadline, where, device_hours=b.device_hours), b.arrival)
-        if why:
-            out[b.name] = why
-    return out
 
 
 if __name__ == "__main__":

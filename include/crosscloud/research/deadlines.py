@@ -134,6 +134,11 @@ class Guard:
         if slack_h < self.urgent_slack_h and clouds:
             self.arrivals.append((hour, devices, runtime_h, clouds))
 
+    @property
+    def holds_back(self) -> bool:
+        """Whether any room is kept for urgent work to come (``urgent_slack_h`` > 0)."""
+        return self.urgent_slack_h > 0
+
     def holdback(self, now: int, hours: int) -> np.ndarray:
         """Devices per cloud (clouds x ``hours`` from ``now + 1``) kept free for urgent work still to arrive.
 

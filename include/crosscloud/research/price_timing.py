@@ -19,7 +19,7 @@ from typing import Callable, Sequence
 import numpy as np
 
 from crosscloud.energy.power import DEFAULT_PUE, energy_price_per_device_hour
-from crosscloud.research.deadlines import Guard, Item, witness
+from crosscloud.research.deadlines import Guard, Item, infeasible_alone, witness
 
 
 @dataclass(frozen=True)
@@ -96,6 +96,27 @@ def occupancy(runtime_h: float) -> np.ndarray:
 
 def _allowed(clouds: Sequence[CloudSpec], allowed: frozenset[str] | None) -> list[int]:
     return [i for i, c in enumerate(clouds) if allowed is None or c.name in allowed]
+
+
+def job_item(job: TrainingJob, clouds: Sequence[CloudSpec]) -> Item:
+    """A training job as the deadline guard schedules it."""
+    return Item(job.name, job.deadline, tuple(_allowed(clouds, job.allowed)), devices=job.devices,
+                occ=occupancy(job.runtime_h), arrival=job.arrival)
+
+
+def batch_item(batch: BatchJob, clouds: Sequence[CloudSpec], device_hours: float) -> Item:
+    """A batch's ``device_hours`` still to run, as the deadline guard schedules it."""
+    return Item(batch.name, batch.deadline, tuple(_allowed(clouds, batch.allowed)), device_hours=device_hours,
+                arrival=batch.arrival)
+
+
+def infeasible_work(jobs: Sequence[TrainingJob], batches: Sequence[BatchJob],
+                    clouds: Sequence[CloudSpec]) -> dict[str, str]:
+    """The work no policy could finish in time even on empty clouds, with why."""
+    cap = np.array([c.devices for c in clouds], dtype=float)
+    items = [(job_item(j, clouds), j.arrival) for j in jobs] + [(batch_item(b, clouds, b.device_hours), b.arrival)
+                                                                 for b in batches]
+    return {item.name: why for item, arrival in items if (why := infeasible_alone(cap, item, arrival))}
 
 
 _EXPECTED = -(10**9)  # owner of a plan's variables for work expected but not yet arrived: planned, never run
@@ -700,8 +721,9 @@ class _Rolling:
         while self.ji < len(self.arrivals) and self.jobs[self.arrivals[self.ji]].arrival <= now:
             j = self.jobs[self.arrivals[self.ji]]
             self.ji += 1
-            self._check_arrival(self._job_item(j), now)
-            self.guard.observe(now, j.devices, j.runtime_h, j.deadline - now - j.runtime_h, self._job_item(j).clouds)
+            item = job_item(j, self.clouds)
+            self._check_arrival(item, now)
+            self.guard.observe(now, j.devices, j.runtime_h, j.deadline - now - j.runtime_h, item.clouds)
             if j.name in self.out.infeasible or not self._reserve_big(j, now, rates):  # best effort waits its turn
                 self.pending.append(j)
         while self.bi < len(self.b_arrivals) and self.batches[self.b_arrivals[self.bi]].arrival <= now:
@@ -717,32 +739,25 @@ class _Rolling:
         """
         used, resumed = self.cal.used, []
         if self.k.preempt:
-            used, resumed = self.cal.used.copy(), []
-            for p, other, c in self.running.values():
-                left = p.end - now + self.k.preempt_overhead_h
-                if p.start < now < p.end and other.name not in self.paused and now + left <= other.deadline + 1e-9:
-                    tail = occupancy(other.runtime_h)[now - p.start:]
-                    used[c, now:now + len(tail)] -= p.devices * tail
-                    resumed.append(TrainingJob(other.name, other.devices, p.end - now + self.k.preempt_overhead_h, now,
-                                               other.deadline, other.allowed, other.home))
+            used = self.cal.used.copy()
+            for name, (p, other, c) in self.running.items():
+                if p.start < now < p.end and name not in self.paused:
+                    tail, rest = self._paused_rest(name, now)
+                    if now + rest.runtime_h <= rest.deadline + 1e-9:
+                        used[c, now:now + len(tail)] -= p.devices * tail
+                        resumed.append(rest)
         why = self.guard.admissible(used, self._items(extra=resumed), item, now)
         if why is not None:
             self.out.infeasible[item.name] = why
 
-    def _job_item(self, job: TrainingJob) -> Item:
-        return Item(job.name, job.deadline, tuple(_allowed(self.clouds, job.allowed)), devices=job.devices,
-                    occ=occupancy(job.runtime_h), arrival=job.arrival)
-
     def _batch_item(self, b: int) -> Item:
-        batch = self.batches[b]
-        return Item(batch.name, batch.deadline, tuple(_allowed(self.clouds, batch.allowed)),
-                    device_hours=self.remaining[b], arrival=batch.arrival)
+        return batch_item(self.batches[b], self.clouds, self.remaining[b])
 
     def _items(self, without: frozenset[str] = frozenset(), extra: Sequence[TrainingJob] = ()) -> list[Item]:
         """The admitted work not running yet that the deadline guard protects (work infeasible at arrival is not)."""
         jobs = [*self.pending, *self.pending_extra, *extra]
         skip = {*self.out.infeasible, *self.out.at_risk, *without}
-        items = [self._job_item(j) for j in jobs if j.name not in skip]
+        items = [job_item(j, self.clouds) for j in jobs if j.name not in skip]
         items += [self._batch_item(b) for b, r in self.remaining.items() if r > 1e-9 and self.batches[b].name not in skip]
         return items
 
@@ -766,7 +781,7 @@ class _Rolling:
             names = {self.batches[b].name: left for b, left in batch_left.items()}
             items = [i if i.name not in names else Item(i.name, i.deadline, i.clouds, device_hours=names[i.name],
                                                         arrival=i.arrival) for i in items if names.get(i.name, 1) > 1e-9]
-        if hold and not self._holds_now(now):
+        if hold and self.guard.holds_back and not self._holds_now(now):
             hold = False  # the room held back is already short: judge decisions by the admitted work alone
         return self.guard.keeps(trial, items, now, hold)
 
@@ -974,11 +989,9 @@ class _Rolling:
         """Whether pausing ``victims`` to start ``job`` on ``c`` now keeps every protected deadline reachable."""
         trial, resumed = self.cal.used.copy(), []
         for name in victims:
-            p, other, _ = self.running[name]
-            tail = occupancy(other.runtime_h)[now - p.start:]
-            trial[c, now:now + len(tail)] -= p.devices * tail
-            resumed.append(TrainingJob(other.name, other.devices, p.end - now + self.k.preempt_overhead_h, now,
-                                       other.deadline, other.allowed, other.home))
+            tail, rest = self._paused_rest(name, now)
+            trial[c, now:now + len(tail)] -= self.running[name][0].devices * tail
+            resumed.append(rest)
         trial[c, now:now + len(occ)] += job.devices * occ
         return self._safe(now, trial, without=frozenset({job.name}), extra=resumed, hold=False)
 
@@ -1005,18 +1018,23 @@ class _Rolling:
                 return chosen
         return None
 
+    def _paused_rest(self, name: str, now: int) -> tuple[np.ndarray, TrainingJob]:
+        """Running job ``name`` paused at ``now``: the occupancy it gives back from ``now``, and the rest of its run
+        plus ``preempt_overhead_h`` of redone work, as a job arriving at ``now``."""
+        p, other, _ = self.running[name]
+        rest = TrainingJob(other.name, other.devices, p.end - now + self.k.preempt_overhead_h, now, other.deadline,
+                           other.allowed, other.home)
+        return occupancy(other.runtime_h)[now - p.start:], rest
+
     def _pause(self, name: str, c: int, now: int) -> None:
-        """Pause running job ``name`` at ``now``: it checkpoints, and the rest of its run plus ``preempt_overhead_h``
-        of redone work is pending from the next hour."""
-        p, other, _ = self.running.pop(name)
-        tail = occupancy(other.runtime_h)[now - p.start:]
+        """Pause running job ``name`` at ``now``: it checkpoints, and the rest of its run is pending from the next hour."""
+        tail, rest = self._paused_rest(name, now)
+        p, _, _ = self.running.pop(name)
         self.cal.reserve(c, now, p.devices, tail, sign=-1.0)
-        left = p.end - now
         p.end, p.device_hours = float(now), p.devices * (now - p.start)
         self.out.preempted.append(name)
         self.paused.add(name)
-        self.pending_extra.append(TrainingJob(other.name, other.devices, left + self.k.preempt_overhead_h, now,
-                                              other.deadline, other.allowed, other.home))
+        self.pending_extra.append(rest)
 
     def _miss(self, name: str) -> None:
         if name not in self.out.misses:
