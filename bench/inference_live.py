@@ -160,7 +160,7 @@ def set_up(folder: Path, clouds: list) -> tuple[Live, str]:
     stores = {c.name: open_store(fed.cloud(c.name), TENANT) for c in clouds}
     names = [c.name for c in clouds]
     ref, _ = put_blob(stores[names[0]], TENANT, weights, kind="model")
-    spec = ServeSpec(tenant=TENANT, name="bench-live", model=f"{ref.sha256}:{ref.size}", program=PROGRAM, args=args,
+    spec = ServeSpec(tenant=TENANT, name="bench-live", model=ref.text, program=PROGRAM, args=args,
                      federation=str(fed_path))
     live = Live(folder, names, spec, stores, Router(folder / "router", free_port(), check_ms=200), ref=ref)
     return live, source

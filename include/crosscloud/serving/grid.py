@@ -105,7 +105,8 @@ def shed_all(cloud: str, reduce_pct: float, within_s: float, duration_s: float) 
     answers = []
     for fleet in serving_on(cloud, fleets()):
         answers.append(shed(fleet, cloud, reduce_pct, within_s, duration_s))
-        log_decision(fleet.decision, fleet.decision["reason"])
+        record = fleet.decision
+        log_decision(record, record["reason"])
     return answers
 
 
@@ -121,5 +122,6 @@ def restore_all(answers: list[dict]) -> list[dict]:
     for a in answers:
         fleet = Fleet(a["tenant"], a["model"])
         out.append(restore(fleet, a["cloud"]))
-        log_decision(fleet.decision, fleet.decision["reason"])
+        record = fleet.decision
+        log_decision(record, record["reason"])
     return out

@@ -109,7 +109,7 @@ def publish(fed: Federation, version: Version, served_name: str, tokenizer: str 
 def needed(spec: ServeSpec) -> list[BlobRef]:
     """What a replica reads at start: the weights and the program's code."""
     refs = [spec.model] + ([spec.program_code] if spec.program_code else [])
-    return [BlobRef(sha256=r.split(":")[0], size=int(r.split(":")[1])) for r in refs]
+    return [BlobRef.parse(r) for r in refs]
 
 
 def warm_clouds(fed: Federation, spec: ServeSpec, clouds: list[str]) -> dict[str, bool]:

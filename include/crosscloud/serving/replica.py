@@ -58,9 +58,9 @@ class ServeSpec:
         if plan.program is None:
             raise ReplicaError(f"run {plan.run_id} names no training program: nothing can build its model")
         code = plan.program.code
-        return cls(tenant=plan.tenant, name=name, model=f"{model.sha256}:{model.size}", program=plan.program.file,
+        return cls(tenant=plan.tenant, name=name, model=model.text, program=plan.program.file,
                    args=plan.spec.program_run_args(), tokenizer=tokenizer, federation=plan.federation_path,
-                   program_code=f"{code.sha256}:{code.size}")
+                   program_code=code.text)
 
     def server_args(self, cloud: str, port: int, host: str = "127.0.0.1") -> list[str]:
         """The server's command-line arguments on ``cloud``."""

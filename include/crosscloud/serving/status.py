@@ -12,6 +12,7 @@ from datetime import datetime, timezone
 
 from crosscloud.core.paths import state_dir
 from crosscloud.serving.fleet import Fleet
+from crosscloud.serving.router import Router
 
 
 def fleets(tenants: list[str] | None = None) -> list[Fleet]:
@@ -21,9 +22,8 @@ def fleets(tenants: list[str] | None = None) -> list[Fleet]:
     return [Fleet(p.parent.name, p.name) for p in found if tenants is None or p.parent.name in tenants]
 
 
-def _replicas_by_cloud(fleet: Fleet) -> dict[str, tuple[int, int]]:
-    """(healthy, total) replicas per cloud, as the router sees them."""
-    router = fleet.router()
+def _replicas_by_cloud(router: Router | None) -> dict[str, tuple[int, int]]:
+    """(healthy, total) replicas per cloud, as the router (None: not running) sees them."""
     out: dict[str, tuple[int, int]] = {}
     for row in (router.status().values() if router else []):
         healthy, total = out.get(row["cloud"], (0, 0))
@@ -33,8 +33,8 @@ def _replicas_by_cloud(fleet: Fleet) -> dict[str, tuple[int, int]]:
 
 def fleet_status(fleet: Fleet) -> dict:
     """One served model's rows (see the module docstring)."""
-    decision, served = fleet.decision or {}, fleet.served()
-    replicas, cuts = _replicas_by_cloud(fleet), fleet.cuts()
+    decision, served, router = fleet.decision or {}, fleet.served(), fleet.router()
+    replicas, cuts = _replicas_by_cloud(router), fleet.cuts()
     rate = {c: sum(r.get("tokens_per_s") or 0.0 for r in rows) for c, rows in served.items()}
     total = sum(rate.values())
     clouds = sorted(set(decision.get("shares", {})) | set(served) | set(replicas))
@@ -50,7 +50,6 @@ def fleet_status(fleet: Fleet) -> dict:
                      "p50_ms": 1000 * sorted(p50)[len(p50) // 2] if p50 else None,
                      "p99_ms": 1000 * max(p99) if p99 else None,
                      "grid_cut_pct": cuts[c]["reduce_pct"] if c in cuts else None})
-    router = fleet.router()
     return {"tenant": fleet.tenant, "model": fleet.name, "router": router.url if router else None,
             "version": decision.get("version"), "decided_at": decision.get("decided_at"),
             "latency_goal_met": decision.get("latency_goal_met"), "clouds": rows}

@@ -46,6 +46,17 @@ class BlobRef(BaseModel):
     def of(cls, data: bytes) -> BlobRef:
         return cls(sha256=sha256(data), size=len(data))
 
+    @property
+    def text(self) -> str:
+        """``sha256:size``: how a command line or a spec names the artifact."""
+        return f"{self.sha256}:{self.size}"
+
+    @classmethod
+    def parse(cls, text: str) -> BlobRef:
+        """The ref ``text`` (``sha256:size``) names."""
+        sha, _, size = text.partition(":")
+        return cls(sha256=sha, size=int(size))
+
 
 @dataclass(frozen=True)
 class Chunk:
