@@ -79,7 +79,7 @@ from crosscloud.energy.power import device_power
 from crosscloud.energy.prices import UTC, CsvFeed, PriceOracle, check, choose_lag, evaluate_forecast, hour_index
 from crosscloud.research.price_timing import (BatchJob, CloudSpec, TrainingJob, account, infeasible_work, optimum,
                                               schedule)
-from crosscloud.research.traces import read_throughputs, read_trace
+from job_traces import read_throughputs, read_trace
 
 DEFAULT_REGIONS = "DE-LU,FR,ES,US-CAL-CISO,US-TEX-ERCO,SG"
 DEFAULT_VCS = "6214e9,6c71a0,b436b2,ee9e8c,11cb48"

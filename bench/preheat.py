@@ -91,7 +91,7 @@ import torch
 from crosscloud.artifacts.distribution import choose_warm_sets, human_bytes
 from crosscloud.artifacts.preheat import RateCap, TransferReport, fetch_all
 from crosscloud.core.presets import ModelConfig, preset
-from crosscloud.research.synthetic_catalog import SYNTHETIC_NOW, synthetic_catalog
+from synthetic_catalog import SYNTHETIC_NOW, synthetic_catalog
 from crosscloud.store.base import LocalStore
 from crosscloud.store.chunks import BlobRef, ChunkIndex, load_manifest, put_blob, read_blob, warmth
 from crosscloud.store.network import EmulatedLink, LinkedStore

@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # the tests' helper modules
+sys.path.insert(1, str(Path(__file__).resolve().parents[1] / "bench"))  # the benchmarks' inputs and reference policies
 
 ROOT = Path(__file__).resolve().parents[1]
 _STATE = Path(tempfile.mkdtemp(prefix="crosscloud-test-"))

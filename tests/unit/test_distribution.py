@@ -7,7 +7,7 @@ import json
 import pytest
 
 from crosscloud.artifacts.distribution import Artifact, Pin, PinsOverBudget, Use, choose_warm_sets, demand
-from crosscloud.research.synthetic_catalog import SYNTHETIC_NOW, synthetic_catalog
+from synthetic_catalog import SYNTHETIC_NOW, synthetic_catalog
 
 NOW = 1_000_000.0
 GB = 10**9

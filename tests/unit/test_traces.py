@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from crosscloud.research.traces import TraceError, read_throughputs, read_trace
+from job_traces import TraceError, read_throughputs, read_trace
 
 
 def _line(job_type="ResNet-18 (batch size 32)", steps="1000", arrival="5.0", gpus="1"):

@@ -2,10 +2,12 @@
 
 Jobs arrive at their home center unknown before their arrival, wait, hold
 their devices from dispatch to finish and run for their measured run time on
-the accelerator they got. Its ``crosscloud`` policy calls the placement the
-DAGs use, so ``bench-scheduling`` measures that code against the policies of
-independent centers, MultiKueue and Karmada; the policies are described in
-``docs/benchmarks.md``.
+the accelerator they got. Its ``crosscloud`` policy is the production
+scheduler's pass (``crosscloud.scheduler.passes.run_pass``), the one every
+DAG run's admission goes through, fed the simulation's state and clock; the
+reference policies (independent centers, MultiKueue-like first fit,
+Karmada-like static split, and ``greedy``: production admission before the
+queue) live here. They are described in ``docs/benchmarks.md``.
 """
 
 from __future__ import annotations
@@ -17,8 +19,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from crosscloud.pool.placement import JobRequest, Site, Weights, place
+from crosscloud.scheduler.entry import Decision, Entry
+from crosscloud.scheduler.passes import World, run_pass
 
-POLICIES = ("independent", "first_fit", "static_split", "crosscloud")
+POLICIES = ("independent", "first_fit", "static_split", "greedy", "crosscloud")
 FAMILY = "trace"
 
 
@@ -43,6 +47,8 @@ class SimJob:
     data_bytes: int = 0
     resident: bool = False  # its data may not leave the home center's jurisdiction
     job_type: str = ""
+    tenant: str = "trace"
+    priority: int = 0
 
 
 @dataclass
@@ -106,6 +112,19 @@ def metrics(result: SimResult) -> dict:
     }
 
 
+def largest(jobs: list[SimJob], share: float = 0.05) -> set[str]:
+    """The ids of the ``share`` largest jobs by devices (then by their longest run time): those a queue can starve."""
+    ranked = sorted(jobs, key=lambda j: (j.devices, max(j.runtime_s.values()), j.id), reverse=True)
+    return {j.id for j in ranked[: max(1, math.ceil(share * len(jobs)))]}
+
+
+def max_wait_s(result: SimResult, ids: set[str]) -> float:
+    """The longest wait (arrival to dispatch) of the jobs ``ids``; infinite when one never ran."""
+    if any(j.id in ids for j in result.unfinished):
+        return math.inf
+    return max((o.dispatch_s - o.job.arrival_s for o in result.outcomes if o.job.id in ids), default=0.0)
+
+
 def _faster(o: Outcome, by_name: dict) -> bool:
     """Whether the job ran faster than it would have alone on its home center's accelerator."""
     home = o.job.runtime_s[by_name[o.job.home].accelerator]
@@ -121,7 +140,8 @@ class Simulation:
 
     def __init__(self, centers: list[Center], jobs: list[SimJob], policy: str, *, window_s: float | None = None,
                  bandwidth_bytes_per_s: float = 1.25e9, split_penalty: float = 0.0, weights: Weights = Weights(),
-                 max_parts: int = 4, max_scan: int = 256, observe: Callable[[float, dict[str, int]], None] | None = None):
+                 max_parts: int = 4, max_scan: int = 256, observe: Callable[[float, dict[str, int]], None] | None = None,
+                 tenant_weights: dict[str, float] | None = None):
         if policy not in POLICIES:
             raise ValueError(f"unknown policy {policy!r}; choose from {', '.join(POLICIES)}")
         names = [c.name for c in centers]
@@ -147,7 +167,9 @@ class Simulation:
         self.accelerators = {c.accelerator for c in centers}
         self.free = {c.name: c.devices for c in centers}
         self.releases: dict[str, list[tuple[float, int]]] = {c.name: [] for c in centers}  # sorted (time, devices)
-        self.running: list = []  # heap of (finish, seq, parts)
+        self.running: list = []  # heap of (finish, seq, parts, tenant)
+        self.held: dict[str, float] = {}  # devices each tenant holds now (the queue's fair share)
+        self.tenant_weights = dict(tenant_weights or {})
         self.seq = 0
         self.outcomes: list[Outcome] = []
         self.busy = {c.name: 0.0 for c in centers}
@@ -156,8 +178,9 @@ class Simulation:
         self.events = 0
         self.queues: dict[str, list[SimJob]] = {c.name: [] for c in centers}  # independent
         self.queue: list[SimJob] = []  # the global queue of the other policies
-        self._requests: dict[str, JobRequest] = {}
-        self._waits_for: dict[str, list[tuple[str, int, float]]] = {}  # crosscloud: where a queued job waits
+        self._entries: dict[str, Entry] = {}  # crosscloud: each job as the production queue holds it
+        self._jobs: dict[str, SimJob] = {}
+        self._decisions: dict[tuple[str, str], Decision] = {}  # crosscloud: each queued job's last decision
         self._swrr: dict[tuple[str, ...], dict[str, int]] = {}
         self.allowed = {}  # job id -> centers it may use (residency)
 
@@ -191,7 +214,8 @@ class Simulation:
             ideal = ideal_s(job, self.accelerators)
             self.useful += job.devices * ideal * _overlap(run_start, finish, 0.0, self.window_s) / runtime
         self.seq += 1
-        heapq.heappush(self.running, (finish, self.seq, tuple(parts)))
+        heapq.heappush(self.running, (finish, self.seq, tuple(parts), job.tenant))
+        self.held[job.tenant] = self.held.get(job.tenant, 0) + sum(n for _, n in parts)
         self.outcomes.append(Outcome(job, now, run_start, finish, tuple(parts), nbytes))
 
     def _shadow(self, name: str, devices: int, now: float) -> tuple[float, int]:
@@ -311,70 +335,65 @@ class Simulation:
                 keep.append(job)
         self.queue = keep
 
+    def _sched_greedy(self, now: float) -> None:
+        """Production admission before the queue: each waiting job, in arrival order, starts where placement finds
+        its devices free now, and reserves nothing; whichever job asks first after a release wins."""
+        keep = []
+        for i, job in enumerate(self.queue):
+            if not self._any_free():
+                keep.extend(self.queue[i:])
+                break
+            sites = [Site(cloud=c.name, accelerator=c.accelerator, jurisdiction=c.jurisdiction, total=c.devices,
+                          free=self.free[c.name], price_per_device_hour=c.price_per_device_hour,
+                          families=frozenset({FAMILY})) for c in self.centers]
+            decision = place(self.entry(job).request, sites, self.transfer_s, self.weights)
+            self.place_calls += 1
+            if decision.starts_now:
+                o = decision.option
+                self._start(now, job, [(p.cloud, p.devices) for p in o.parts], o.runtime_s, o.start_s, o.transfer_bytes)
+            else:
+                keep.append(job)
+        self.queue = keep
+
     # --------------------------------------------------------------- crosscloud
-    def request(self, job: SimJob) -> JobRequest:
-        req = self._requests.get(job.id)
-        if req is None:
+    def entry(self, job: SimJob) -> Entry:
+        """The job as the production queue holds it (built once)."""
+        got = self._entries.get(job.id)
+        if got is None:
             home = self.by_name[job.home]
             req = JobRequest(
-                name=job.id, tenant="trace", family=FAMILY, devices=job.devices, runtime_s=dict(job.runtime_s),
+                name=job.id, tenant=job.tenant, family=FAMILY, devices=job.devices, runtime_s=dict(job.runtime_s),
                 data_bytes=job.data_bytes, data_at=frozenset({job.home}),
                 residency=home.jurisdiction if job.resident else None,
                 max_parts=self.max_parts, split_penalty=self.split_penalty,
             )
-            self._requests[job.id] = req
-        return req
+            got = self._entries[job.id] = Entry(job.tenant, job.id, req, job.arrival_s, priority=job.priority,
+                                                runtime_s=min(job.runtime_s.values()))
+            self._jobs[job.id] = job
+        return got
 
-    def site(self, c: Center, now: float, queued_device_s: float = 0.0, queued_devices: int = 0) -> Site:
-        return Site(
-            cloud=c.name, accelerator=c.accelerator, jurisdiction=c.jurisdiction, total=c.devices,
-            free=self.free[c.name], price_per_device_hour=c.price_per_device_hour, families=frozenset({FAMILY}),
-            queued_device_s=queued_device_s, queued_devices=queued_devices, frees=tuple((t - now, n) for t, n in self.releases[c.name]),
-        )
-
-    def _could_start_now(self, job: SimJob, ahead: dict) -> bool:
-        """Whether any option of ``job`` could start now (necessary for ``starts_now``, cheap to check)."""
-        names = [c.name for c in self._allowed(job)]
-        if any(self.free[n] >= job.devices for n in names):
-            return True
-        spare = [self.free[n] for n in names if self.free[n] > 0 and ahead[n] == 0]
-        return job.devices > 1 and len(spare) > 1 and sum(spare[: self.max_parts]) >= job.devices
+    def world(self) -> World:
+        """The centers as the production pass sees them, from the simulation's state."""
+        sites = [Site(cloud=c.name, accelerator=c.accelerator, jurisdiction=c.jurisdiction, total=c.devices,
+                      free=self.free[c.name], price_per_device_hour=c.price_per_device_hour,
+                      families=frozenset({FAMILY})) for c in self.centers]
+        return World({FAMILY: sites}, {(c.name, c.accelerator): self.free[c.name] for c in self.centers},
+                     {(c.name, c.accelerator): list(self.releases[c.name]) for c in self.centers},
+                     held=dict(self.held), weights=self.tenant_weights)
 
     def _sched_crosscloud(self, now: float) -> None:
-        ahead = {c.name: 0.0 for c in self.centers}
-        ahead_n = {c.name: 0 for c in self.centers}
-        sites = {c.name: self.site(c, now) for c in self.centers}
-        stale: set[str] = set()
-        network = self.transfer_s
-        keep = []
-        for i, job in enumerate(self.queue):
-            if not self._any_free() or len(keep) >= self.max_scan:
-                keep.extend(self.queue[i:])
-                break
-            waits_for = self._waits_for.get(job.id)
-            if waits_for is None or self._could_start_now(job, ahead):
-                for name in stale:
-                    sites[name] = self.site(self.by_name[name], now, ahead[name], ahead_n[name])
-                stale.clear()
-                self.place_calls += 1
-                decision = place(self.request(job), list(sites.values()), network, self.weights)
-                option = decision.option
-                if decision.starts_now:
-                    parts = [(p.cloud, p.devices) for p in option.parts]
-                    self._start(now, job, parts, option.runtime_s, option.start_s, option.transfer_bytes)
-                    self._waits_for.pop(job.id, None)
-                    stale.update(name for name, _ in parts)
-                    continue
-                waits_for = [(p.cloud, p.devices, p.devices * option.runtime_s) for p in option.parts] if option else []
-                self._waits_for[job.id] = waits_for
-            # it waits for these devices (its latest decision while it cannot start anywhere):
-            # later jobs see the work queued ahead of them
-            for name, n, device_s in waits_for:
-                ahead[name] += device_s
-                ahead_n[name] += n
-                stale.add(name)
-            keep.append(job)
-        self.queue = keep
+        """The production scheduler's pass over the global queue (``crosscloud.scheduler.passes``)."""
+        result = run_pass([self.entry(j) for j in self.queue], self.world(), now, self.transfer_s, self._decisions,
+                          self.weights, self.max_scan)
+        self.place_calls += result.decided
+        for entry, decision in result.started:
+            job = self._jobs[entry.run_id]
+            self._start(now, job, [(c, n) for c, _, n in decision.parts], decision.runtime_s,
+                        decision.expected_start_s or 0.0, decision.transfer_bytes)
+            self._decisions.pop(entry.key, None)
+        self._decisions.update((k, d) for k, d in result.decisions.items() if d.kind != "start")
+        started = {e.run_id for e, _ in result.started}
+        self.queue = [j for j in self.queue if j.id not in started]
 
     # -------------------------------------------------------------------- loop
     def run(self) -> SimResult:
@@ -387,7 +406,8 @@ class Simulation:
             now = min(t_arr, t_fin)
             changed = False
             while self.running and self.running[0][0] <= now:
-                finish, _, parts = heapq.heappop(self.running)
+                finish, _, parts, tenant = heapq.heappop(self.running)
+                self.held[tenant] -= sum(n for _, n in parts)
                 for name, n in parts:
                     self.free[name] += n
                     rel = self.releases[name]

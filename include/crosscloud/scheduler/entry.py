@@ -1,0 +1,105 @@
+"""What a queued run asks for, and what a pass decided for it.
+
+An entry is resolved once, at submission, into the placement's own view of
+the job (``JobRequest``) plus what only the queue needs: priority, deadline,
+whether it may wait for cheap hours, and what "cheap" means (``objective``).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from crosscloud.pool.placement import JobRequest
+
+KINDS = ("start", "reserve", "plan", "wait", "never")
+STATES = ("queued", "running", "paused", "done", "cancelled", "expired")
+
+
+class QueueError(ValueError):
+    """A queue request that cannot be taken (an unknown objective, a deadline already past, an unknown entry)."""
+
+
+def carbon_weight(objective: str) -> float:
+    """How much carbon counts against cost, 0..1: ``cost`` is 0, ``carbon`` 1, a number in between its weight."""
+    text = str(objective).strip().lower()
+    if text in ("", "cost"):
+        return 0.0
+    if text == "carbon":
+        return 1.0
+    try:
+        w = float(text)
+    except ValueError:
+        raise QueueError(f"objective {objective!r}: use cost, carbon, or a carbon weight between 0 and 1") from None
+    if not 0.0 <= w <= 1.0 or math.isnan(w):
+        raise QueueError(f"objective {objective!r}: a carbon weight must be between 0 and 1")
+    return w
+
+
+@dataclass(frozen=True)
+class Spread:
+    """A run that asks for ``per_cloud`` devices on every eligible cloud (placement ``spread``).
+
+    ``pinned``: the user named its clouds, so every one of them must take part.
+    """
+
+    per_cloud: int
+    pinned: bool
+
+
+@dataclass(frozen=True)
+class Entry:
+    """One queued run: the job as placement sees it and the queue's own terms."""
+
+    tenant: str
+    run_id: str
+    request: JobRequest
+    submitted_at: float
+    priority: int = 0
+    deadline: float | None = None  # epoch seconds by which it should have finished
+    deferrable: bool = False  # may wait for cheaper (or cleaner) hours, within its deadline
+    objective: str = "cost"
+    spread: Spread | None = None  # None: placement ``auto`` over ``request.devices``
+    runtime_s: float = 0.0  # estimated run time on the job's devices, for reservations and fair share
+
+    @property
+    def key(self) -> tuple[str, str]:
+        return self.tenant, self.run_id
+
+    @property
+    def device_hours(self) -> float:
+        """What the run is known to cost: devices x estimated hours."""
+        devices = self.request.devices if self.spread is None else self.spread.per_cloud * max(1, len(self.request.clouds or ()))
+        return devices * self.runtime_s / 3600
+
+
+@dataclass(frozen=True)
+class Decision:
+    """A pass's verdict for one entry, with its reason.
+
+    ``start``: its ``parts`` are reserved now. ``reserve``: it waits for
+    ``parts``, expected free in ``expected_start_s``; later work only
+    backfills around them. ``plan``: deferrable work set to start at
+    ``planned_at`` on ``parts`` for price or carbon. A start's
+    ``expected_start_s`` is the time its data takes to arrive. ``wait``: nothing known
+    frees its devices yet. ``never``: no cloud can ever take it.
+    """
+
+    kind: str
+    reason: str
+    parts: tuple[tuple[str, str, int], ...] = ()
+    expected_start_s: float | None = None  # seconds after the pass
+    planned_at: float | None = None  # epoch seconds
+    position: int = 0  # 1 = first in line
+    runtime_s: float = 0.0  # how long its parts run once started (the option's run time)
+    transfer_bytes: int = 0  # data moved to clouds that lack it before it runs (``expected_start_s`` of a start)
+
+    @property
+    def hold_s(self) -> float:
+        """How long a start holds its devices: its data's transfer, then its run."""
+        return (self.expected_start_s or 0.0) + self.runtime_s
+    considered: tuple[tuple[str, str, bool, str], ...] = field(default=(), compare=False)  # cloud, acc, chosen, why
+
+    def waits_for(self) -> tuple[tuple[str, str, int], ...]:
+        """The devices a reservation holds back from later work."""
+        return self.parts if self.kind in ("reserve", "plan") else ()

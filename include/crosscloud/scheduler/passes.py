@@ -1,0 +1,183 @@
+"""One scheduling pass: every queued entry in order gets a decision, and the devices of those that start are taken.
+
+The pass is the simulator's global queue, now the production policy: entries
+are considered in fair-share order (``order``); one that cannot start now
+reserves the devices it waits for (``Decision.waits_for``), and those count as
+work queued ahead of every entry behind it (``Site.queued_devices``), which
+then starts only where it delays none of them (EASY backfilling). Its cost is
+bounded: at most ``max_scan`` entries that do not start are decided afresh; an
+entry whose earlier decision still holds (it cannot start now) keeps it at the
+price of a few comparisons, and once no device is free the rest keep theirs.
+
+Nothing here reads a clock or a database: the caller gives ``now`` and the
+``World``, so the DAGs' admission and the benchmarks run the same pass.
+"""
+
+from __future__ import annotations
+
+import bisect
+import math
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field, replace
+
+from crosscloud.pool.placement import Site, TransferTime, Weights, refusal
+from crosscloud.scheduler.decide import decide
+from crosscloud.scheduler.entry import Decision, Entry
+from crosscloud.scheduler.order import FairOrder
+
+Key = tuple[str, str]  # (cloud, accelerator)
+
+
+@dataclass
+class World:
+    """The pools as one pass sees them; the pass takes devices from it as it starts entries.
+
+    ``sites``: per model family, every pool as placement sees it (its ``free``
+    and ``frees`` are replaced by the pass's own). ``releases``: per pool,
+    (epoch seconds, devices) the running work gives back, ascending.
+    ``quota_left``: per tenant and cloud, the devices it may still take (None:
+    no quotas). ``held``: devices each tenant holds now, for fair share.
+    """
+
+    sites: dict[str, list[Site]]
+    free: dict[Key, int]
+    releases: dict[Key, list[tuple[float, int]]] = field(default_factory=dict)
+    quota_left: dict[str, dict[str, int]] | None = None
+    held: dict[str, float] = field(default_factory=dict)
+    weights: dict[str, float] = field(default_factory=dict)
+
+    def any_free(self) -> bool:
+        return any(n > 0 for n in self.free.values())
+
+    def room(self, tenant: str, key: Key) -> int:
+        """Devices of pool ``key`` the tenant may take now."""
+        free = self.free.get(key, 0)
+        if self.quota_left is None:
+            return free
+        return max(0, min(free, self.quota_left.get(tenant, {}).get(key[0], 0)))
+
+    def take(self, tenant: str, parts: Iterable[tuple[str, str, int]], until: float) -> None:
+        """The devices of a start, held until ``until`` (epoch seconds)."""
+        for cloud, accelerator, n in parts:
+            key = (cloud, accelerator)
+            if n > self.free.get(key, 0):
+                raise AssertionError(f"{cloud}/{accelerator}: {n} taken with {self.free.get(key, 0)} free")
+            self.free[key] -= n
+            bisect.insort(self.releases.setdefault(key, []), (until, n))
+            if self.quota_left is not None:
+                left = self.quota_left.setdefault(tenant, {})
+                left[cloud] = left.get(cloud, 0) - n
+            self.held[tenant] = self.held.get(tenant, 0.0) + n
+
+
+@dataclass
+class PassResult:
+    decisions: dict[tuple[str, str], Decision]  # (tenant, run_id) -> decision of the entries looked at
+    started: list[tuple[Entry, Decision]]
+    decided: int = 0  # entries decided afresh (``decide`` calls)
+    unseen: list[Entry] = field(default_factory=list)  # the rest, in order: they keep their earlier decision
+
+    def positions(self) -> dict[tuple[str, str], int]:
+        """Every entry still queued after the pass and its place in line, 1 first."""
+        waiting = [k for k, d in self.decisions.items() if d.kind not in ("start", "never")]
+        return {k: i for i, k in enumerate(waiting + [e.key for e in self.unseen], start=1)}
+
+
+class _Pass:
+    """The state of one pass: the work queued ahead per pool, and the sites built from it."""
+
+    def __init__(self, world: World, now: float, network: TransferTime, weights: Weights):
+        self.world, self.now, self.network, self.weights = world, now, network, weights
+        self.ahead: dict[Key, list[float]] = {}  # pool -> [device-seconds, devices] of work waiting for it
+        self.frees: dict[Key, tuple[tuple[float, int], ...]] = {}
+        self.pools: dict[tuple[str, str], list[Key]] = {}  # entry -> the pools it may ever use
+
+    def _frees(self, key: Key) -> tuple[tuple[float, int], ...]:
+        got = self.frees.get(key)
+        if got is None:
+            got = self.frees[key] = tuple((max(t - self.now, 0.0), n) for t, n in self.world.releases.get(key, ()))
+        return got
+
+    def sites(self, entry: Entry) -> list[Site]:
+        out = []
+        for s in self.world.sites.get(entry.request.family, ()):
+            key = (s.cloud, s.accelerator)
+            ahead = self.ahead.get(key, (0.0, 0))
+            out.append(replace(s, free=self.world.room(entry.tenant, key), queued_device_s=ahead[0],
+                               queued_devices=int(ahead[1]), frees=self._frees(key)))
+        return out
+
+    def _eligible(self, entry: Entry) -> list[Key]:
+        got = self.pools.get(entry.key)
+        if got is None:
+            got = self.pools[entry.key] = [(s.cloud, s.accelerator) for s in self.world.sites.get(entry.request.family, ())
+                                           if not refusal(entry.request, s)]
+        return got
+
+    def could_start(self, entry: Entry) -> bool:
+        """Whether ``entry`` might start now: cheap, and never False where ``decide`` would start it."""
+        job, rooms = entry.request, []
+        for key in self._eligible(entry):
+            room = self.world.room(entry.tenant, key)
+            if room >= job.devices or (entry.spread is not None and room > 0):
+                return True
+            if room > 0 and self.ahead.get(key, (0, 0))[1] == 0:
+                rooms.append(room)
+        rooms.sort(reverse=True)
+        return job.splittable and job.devices > 1 and len(rooms) > 1 and sum(rooms[: job.max_parts]) >= job.devices
+
+    def hold_back(self, decision: Decision) -> None:
+        """Later entries see the devices ``decision`` waits for as work queued ahead of them."""
+        for cloud, accelerator, n in decision.waits_for():
+            got = self.ahead.setdefault((cloud, accelerator), [0.0, 0])
+            got[0] += n * decision.runtime_s
+            got[1] += n
+
+    def start(self, entry: Entry, decision: Decision) -> None:
+        self.world.take(entry.tenant, decision.parts, self.now + decision.hold_s)
+        for cloud, accelerator, _ in decision.parts:
+            self.frees.pop((cloud, accelerator), None)
+
+
+def run_pass(entries: Iterable[Entry], world: World, now: float, network: TransferTime,
+             previous: Mapping[tuple[str, str], Decision] | None = None, weights: Weights = Weights(),
+             max_scan: int = 256) -> PassResult:
+    """Decide every entry of the queue at ``now`` (epoch or simulated seconds); see the module docstring.
+
+    ``previous``: each entry's decision of the last pass. ``world`` is changed:
+    the devices of the entries that start are taken from it.
+    """
+    previous = previous or {}
+    order = FairOrder(entries, world.held, world.weights)
+    state = _Pass(world, now, network, weights)
+    out = PassResult({}, [])
+    scanned = 0
+    for entry in order:
+        if scanned >= max_scan or not world.any_free():  # the rest are not looked at: they keep what they had
+            out.unseen = [entry] + order.rest()
+            break
+        prev = previous.get(entry.key)
+        if prev is not None and prev.kind in ("reserve", "wait") and not state.could_start(entry):
+            decision = prev
+        else:
+            decision = decide(entry, state.sites(entry), network, weights)
+            out.decided += 1
+            if decision.kind == "start":
+                state.start(entry, decision)
+                order.started(entry.tenant, sum(n for _, _, n in decision.parts))
+                out.started.append((entry, decision))
+        out.decisions[entry.key] = decision
+        if decision.kind in ("reserve", "wait"):
+            state.hold_back(decision)
+            scanned += 1
+    return out
+
+
+UNSEEN = Decision("wait", "queued: not decided yet (the entries ahead of it take every free device)")
+
+
+def expected_wait(decision: Decision) -> float:
+    """Seconds until the entry is expected to start; infinite when nothing known frees its devices."""
+    if decision.expected_start_s is None:
+        return math.inf
+    return decision.expected_start_s
