@@ -4,7 +4,7 @@ Each backend gets a fresh ledger: a throwaway PostgreSQL server on 127.0.0.1
 (started as the tests start theirs, ``tests/pgserver.py``; the server's
 default, durable settings), then a SQLite file. ``--clients`` processes
 (spawned, default 16) share ``--admissions`` admissions (default 2000). Each
-loops: one admission through the real ``crosscloud.pool.admission.admit``
+loops: one admission through the real ``crosscloud.scheduler.admission.admit``
 (the inventory read, the placement, the ledger's transaction) of a run for a
 random tenant, placement and device count over a small federation (the
 embedded one, its pools and quotas times ``--scale``), timed from the call to
@@ -47,7 +47,7 @@ from pgserver import PostgresServer  # noqa: E402
 from crosscloud.core.federation import Federation  # noqa: E402
 from crosscloud.core.job import JobSpec  # noqa: E402
 from crosscloud.ledger import Ledger, ledger_url  # noqa: E402
-from crosscloud.pool.admission import NotAdmitted, admit  # noqa: E402
+from crosscloud.scheduler.admission import NotAdmitted, admit  # noqa: E402
 
 
 def federation(scale: int) -> Federation:

@@ -123,7 +123,7 @@ def cross_cloud_training():
     @task.sensor(poke_interval=15, timeout=6 * 3600, mode="reschedule")
     def admit() -> PokeReturnValue:
         from crosscloud.pipeline.stages import admit_stage
-        from crosscloud.pool.admission import NotAdmitted
+        from crosscloud.scheduler.admission import NotAdmitted
         from crosscloud_airflow.connections import use_airflow_connections
 
         use_airflow_connections()

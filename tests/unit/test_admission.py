@@ -8,7 +8,7 @@ from federations import embedded
 from crosscloud.core.federation import FederationError
 from crosscloud.core.job import JobSpec
 from crosscloud.ledger import Ledger
-from crosscloud.pool.admission import NotAdmitted, admit
+from crosscloud.scheduler.admission import NotAdmitted, admit
 from crosscloud.pool.inventory import collect
 from crosscloud.pool.placement import PlacementError
 
@@ -129,13 +129,14 @@ def test_auto_forwards_a_job_with_its_data_when_its_center_is_full(ledger):
     moved = _admit(fed, ledger, run_id="next", placement="auto", devices=2, data_at=("beijing",), data_bytes=10**9)
     assert _where(moved) == {"shanghai": 2}  # the faster link from beijing (1000 Mbit/s) beats singapore's 100
     reasons = {c.cloud: c.reason for c in moved.considered}
-    assert "full" in reasons["beijing"] or "no known release" in reasons["beijing"]
+    # beijing would have to wait for the runs holding it to end (the queue knows when they are expected to)
+    assert reasons["beijing"].startswith("alone: start ") and not reasons["beijing"].startswith("alone: start 0 s")
 
 
 def test_full_federation_waits_then_admits_when_devices_free(ledger):
     fed = embedded()
     _admit(fed, ledger, run_id="big", devices_per_cloud=4)  # every device of the federation
-    with pytest.raises(NotAdmitted, match="waiting for devices"):
+    with pytest.raises(NotAdmitted, match="queued at position 1: reserved 2 x cpu on .*, expected free in"):
         _admit(fed, ledger, run_id="waiting", placement="auto", devices=2)
     ledger.release("team-a", "big")
     assert sum(_where(_admit(fed, ledger, run_id="waiting", placement="auto", devices=2)).values()) == 2

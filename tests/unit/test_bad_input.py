@@ -14,7 +14,7 @@ from crosscloud.core.job import JobSpec, JobSpecError
 from crosscloud.core.presets import PRESETS
 from crosscloud.ledger import Ledger
 from crosscloud.pipeline.stages import admit_stage
-from crosscloud.pool.admission import preflight
+from crosscloud.scheduler.admission import preflight
 from crosscloud.pool.placement import PlacementError
 from crosscloud.store.chunks import put_blob
 from crosscloud.store.credentials import CredentialsError

@@ -10,7 +10,7 @@ from federations import embedded
 from crosscloud import cli
 from crosscloud.core.job import JobSpec
 from crosscloud.pool import membership
-from crosscloud.pool.admission import admit
+from crosscloud.scheduler.admission import admit
 from crosscloud.pool.inventory import collect
 
 

@@ -230,6 +230,7 @@ class Link(_Model):
 class Tenant(_Model):
     name: str
     quotas: dict[str, int] = Field(description="devices the tenant may use per cloud")
+    weight: float = Field(1.0, gt=0, description="its fair share of the queue against the other tenants' weights")
 
     @field_validator("name")
     @classmethod

@@ -20,6 +20,7 @@ fork every cached engine gets a fresh pool without closing the parent's.
 
 from __future__ import annotations
 
+import fcntl
 import os
 import threading
 import time
@@ -33,6 +34,7 @@ from sqlalchemy.engine import URL, Connection, Engine
 # one key for the whole ledger's write lock, another for migrations ("crosscloud" ledger, in ASCII)
 LEDGER_LOCK = 0x63636C6564676572
 MIGRATE_LOCK = LEDGER_LOCK + 1
+PASS_LOCK = LEDGER_LOCK + 2  # one scheduling pass at a time (crosscloud.scheduler)
 SQLITE_TIMEOUT_S = 60
 PING_AFTER_IDLE_S = 10.0  # a pooled server connection idle this long is pinged before use
 _WRITE = "crosscloud_write"  # execution option: this transaction writes (SQLite: BEGIN IMMEDIATE)
@@ -155,10 +157,60 @@ def migration_lock(engine: Engine) -> Iterator[Connection]:
             conn.commit()
 
 
+_pass_threads: dict[str, threading.Lock] = {}
+
+
+@contextmanager
+def pass_lock(engine: Engine, blocking: bool = True) -> Iterator[bool]:
+    """Held by one scheduling pass at a time across every host; yields whether it was taken (never False when
+    ``blocking``).
+
+    PostgreSQL: a session advisory lock on a connection of its own, apart from
+    the ledger's write lock, so admissions and releases go on during a pass.
+    SQLite (one host): an advisory lock on a file beside the ledger, and a
+    thread lock within the process.
+    """
+    if is_postgres(engine):
+        with engine.connect() as conn:
+            conn.execution_options(isolation_level="AUTOCOMMIT")
+            fn = "pg_advisory_lock" if blocking else "pg_try_advisory_lock"
+            got = conn.exec_driver_sql(f"SELECT {fn}({PASS_LOCK})").scalar()
+            taken = True if blocking else bool(got)
+            try:
+                yield taken
+            finally:
+                if taken:
+                    conn.exec_driver_sql(f"SELECT pg_advisory_unlock({PASS_LOCK})")
+        return
+    key = engine.url.database or ":memory:"
+    with _guard:
+        lock = _pass_threads.setdefault(key, threading.Lock())
+    if not lock.acquire(blocking=blocking):
+        yield False
+        return
+    try:
+        if key == ":memory:":
+            yield True
+            return
+        with open(f"{key}.pass-lock", "a") as f:
+            try:
+                fcntl.flock(f, fcntl.LOCK_EX if blocking else fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                yield False
+                return
+            try:
+                yield True
+            finally:
+                fcntl.flock(f, fcntl.LOCK_UN)
+    finally:
+        lock.release()
+
+
 def _after_fork_in_child() -> None:
     """The child's engines start with empty pools; the parent's connections are left to the parent."""
     global _guard
     _guard = threading.Lock()  # a thread of the parent may have held it at the fork
+    _pass_threads.clear()  # the same: a pass of the parent's is not the child's
     for engine in _engines.values():
         engine.dispose(close=False)
 

@@ -28,9 +28,10 @@ from sqlalchemy.engine import URL, Connection
 
 from crosscloud.ledger import engine as backend
 from crosscloud.ledger import migrate
+from crosscloud.ledger import queue as queue_rows
 from crosscloud.ledger.leases import default_holder, lapse_reason, lease_seconds
 from crosscloud.ledger.records import STATES, Event, Membership, Reservation, ReservationError, Usage
-from crosscloud.ledger.schema import clouds, events, pins, reservations
+from crosscloud.ledger.schema import clouds, events, pins, queue_entries, reservations
 from crosscloud.ledger.url import ledger_url
 
 R = reservations.c
@@ -72,6 +73,8 @@ class Ledger:
         self.path = Path(self.url.database) if self.url.get_backend_name() == "sqlite" and self.url.database else None
         self.engine = backend.engine_for(self.url)
         migrate.upgrade(self.engine)
+
+        self.queue = queue_rows.QueueStore(self.engine)
 
     def __repr__(self) -> str:
         return f"Ledger({self.url.render_as_string(hide_password=True)!r})"
@@ -151,6 +154,44 @@ class Ledger:
                     for r in made])
             return made
 
+    def start(self, starts: list[tuple[int, str, str, list[tuple[str, str, int]], str]],
+              capacity: dict[tuple[str, str], int], quotas: dict[str, dict[str, int]], lease_s: float | None = None,
+              holder: str = "") -> list[int]:
+        """Reserve each queued run's parts and mark it running, in order, in one transaction; returns the ids started.
+
+        ``starts``: (queue id, tenant, run id, parts, decision JSON) as a
+        scheduling pass decided them. A run whose parts no longer fit a pool or
+        its tenant's quota as the reservations are now (a run admitted
+        meanwhile) is left queued for the next pass: never oversubscribed.
+        """
+        lease = lease_s or lease_seconds()
+        started = []
+        with backend.write(self.engine) as db:
+            now = time.time()
+            live, lapsed = self._open(db, now)
+            self._lapse(db, now, lapsed)
+            usage = self._usage(live)
+            for rid, tenant, run_id, parts, decision in starts:
+                asked: dict[tuple[str, str], int] = {}
+                for cloud, accelerator, devices in parts:
+                    asked[(cloud, accelerator)] = asked.get((cloud, accelerator), 0) + devices
+                try:
+                    _check(tenant, asked, usage, capacity, quotas.get(tenant, {}))
+                except ReservationError:
+                    continue
+                db.execute(sa.insert(reservations), [
+                    {"tenant": tenant, "run_id": run_id, "cloud": c, "accelerator": a, "devices": n, "created_at": now,
+                     "holder": holder or default_holder(), "lease_expires_at": now + lease} for (c, a), n in asked.items()])
+                db.execute(sa.update(queue_entries).where(queue_entries.c.id == rid, queue_entries.c.state == "queued")
+                           .values(state="running", started_at=now, decision=decision, decided_at=now))
+                for (c, a), n in asked.items():
+                    usage.pools[(c, a)] = usage.pool(c, a) + n
+                    usage.tenants[(tenant, c)] = usage.tenant(tenant, c) + n
+                started.append(rid)
+            if started:
+                queue_rows.bump(db)
+        return started
+
     @staticmethod
     def _renew(db: Connection, tenant: str, run_id: str, now: float, lease: float) -> list[Reservation]:
         extend = (sa.update(reservations).where(_live(now), R.tenant == tenant, R.run_id == run_id)
@@ -175,6 +216,7 @@ class Ledger:
                    .values(released_at=now, release_reason=reason).returning(*HELD))
             rows = db.execute(end).all()
             self._record(db, now, "released", rows, [reason] * len(rows))
+            queue_rows.end(db, tenant, run_id, ("running",), "done", reason, now)
             return sum(row.devices for row in rows)
 
     def reap(self, now: float | None = None) -> list[Reservation]:
@@ -194,6 +236,8 @@ class Ledger:
                    .values(released_at=now, release_reason=sa.bindparam("why")),
                    [{"rid": row.id, "why": why} for row, why in zip(rows, reasons)])
         self._record(db, now, "lapsed", rows, reasons)
+        for tenant, run_id in {(row.tenant, row.run_id) for row in rows}:
+            queue_rows.end(db, tenant, run_id, ("running",), "done", "its lease lapsed", now)
 
     @staticmethod
     def _record(db: Connection, now: float, kind: str, rows, reasons: list[str]) -> None:

@@ -59,3 +59,27 @@ class Event:
     cloud: str
     devices: int
     detail: str
+
+
+@dataclass(frozen=True)
+class QueueRow:
+    """One run in the queue as the ledger stores it; ``request`` and ``decision`` are the scheduler's JSON."""
+
+    id: int
+    tenant: str
+    run_id: str
+    state: str
+    priority: int
+    submitted_at: float
+    deadline: float | None
+    deferrable: bool
+    objective: str
+    request: str
+    runtime_s: float
+    holder: str
+    seen_at: float
+    decision: str | None
+    decided_at: float | None
+    started_at: float | None
+    ended_at: float | None
+    end_reason: str | None

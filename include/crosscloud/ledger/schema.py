@@ -64,3 +64,37 @@ events = sa.Table(
     sa.Column("detail", sa.Text, nullable=False, server_default=""),
     sa.Index("ledger_events_run", "tenant", "run_id"),
 )
+
+# revision 0003: the federation's one queue (crosscloud.scheduler); a row per submitted run
+queue_entries = sa.Table(
+    "queue_entries", metadata,
+    sa.Column("id", sa.Integer, primary_key=True),
+    sa.Column("tenant", sa.Text, nullable=False),
+    sa.Column("run_id", sa.Text, nullable=False),
+    sa.Column("state", sa.Text, nullable=False),  # queued, running, paused, done, cancelled, expired, refused
+    sa.Column("priority", sa.Integer, nullable=False, server_default="0"),
+    sa.Column("submitted_at", EPOCH, nullable=False),
+    sa.Column("deadline", EPOCH),
+    sa.Column("deferrable", sa.Integer, nullable=False, server_default="0"),
+    sa.Column("objective", sa.Text, nullable=False, server_default="cost"),
+    sa.Column("request", sa.Text, nullable=False),  # the job as placement sees it (JSON, crosscloud.scheduler.entry)
+    sa.Column("runtime_s", EPOCH, nullable=False, server_default="0"),
+    sa.Column("holder", sa.Text, nullable=False, server_default=""),
+    sa.Column("seen_at", EPOCH, nullable=False),  # the waiter's last look: an entry nobody waits for expires
+    sa.Column("decision", sa.Text),  # the last pass's decision (JSON)
+    sa.Column("decided_at", EPOCH),
+    sa.Column("started_at", EPOCH),
+    sa.Column("ended_at", EPOCH),
+    sa.Column("end_reason", sa.Text),
+    sa.UniqueConstraint("tenant", "run_id", name="queue_entries_run"),
+    sa.Index("queue_entries_state", "state"),
+)
+
+# one row: when the last scheduling pass ran, and the queue's version it saw (bumped by every change)
+scheduler_state = sa.Table(
+    "scheduler_state", metadata,
+    sa.Column("name", sa.Text, primary_key=True),
+    sa.Column("version", sa.Integer, nullable=False, server_default="0"),
+    sa.Column("passed_version", sa.Integer, nullable=False, server_default="-1"),
+    sa.Column("passed_at", EPOCH),
+)

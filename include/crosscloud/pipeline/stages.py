@@ -24,7 +24,7 @@ from crosscloud.core.interrupt import terminate_as_interrupt
 from crosscloud.core.job import JobSpec
 from crosscloud.core.keys import manifest_key, validate_name
 from crosscloud.core.presets import preset
-from crosscloud.pool.admission import Admission, NotAdmitted, admit, preflight
+from crosscloud.scheduler.admission import Admission, NotAdmitted, admit, preflight
 from crosscloud.ledger import Ledger
 from crosscloud.pool.partition import partition
 from crosscloud.pool.placement import PlacementError

@@ -7,6 +7,7 @@ whether it may wait for cheap hours, and what "cheap" means (``objective``).
 
 from __future__ import annotations
 
+import json
 import math
 from dataclasses import dataclass, field
 
@@ -103,3 +104,41 @@ class Decision:
     def waits_for(self) -> tuple[tuple[str, str, int], ...]:
         """The devices a reservation holds back from later work."""
         return self.parts if self.kind in ("reserve", "plan") else ()
+
+
+def request_json(entry: Entry) -> str:
+    """The job and its placement, as the queue's row stores them (the tenant's quota is read again at each pass)."""
+    r = entry.request
+    return json.dumps({
+        "name": r.name, "family": r.family, "devices": r.devices, "runtime_s": dict(r.runtime_s),
+        "data_bytes": r.data_bytes, "data_at": sorted(r.data_at), "residency": r.residency,
+        "clouds": None if r.clouds is None else sorted(r.clouds), "splittable": r.splittable, "max_parts": r.max_parts,
+        "split_penalty": r.split_penalty, "memory_gb": r.memory_gb,
+        "spread": None if entry.spread is None else {"per_cloud": entry.spread.per_cloud, "pinned": entry.spread.pinned},
+    }, sort_keys=True)
+
+
+def entry_from_row(row, quota: dict[str, int] | None) -> Entry:
+    """A queue row (``crosscloud.ledger.records.QueueRow``) as the pass takes it, with the tenant's quota now."""
+    raw = json.loads(row.request)
+    spread = raw.pop("spread")
+    raw["data_at"] = frozenset(raw["data_at"])
+    raw["clouds"] = None if raw["clouds"] is None else frozenset(raw["clouds"])
+    request = JobRequest(tenant=row.tenant, quota=quota, **raw)
+    return Entry(row.tenant, row.run_id, request, row.submitted_at, row.priority, row.deadline, row.deferrable,
+                 row.objective, None if spread is None else Spread(**spread), row.runtime_s)
+
+
+def decision_json(d: Decision) -> str:
+    return json.dumps({"kind": d.kind, "reason": d.reason, "parts": [list(p) for p in d.parts],
+                       "expected_start_s": d.expected_start_s, "planned_at": d.planned_at, "runtime_s": d.runtime_s,
+                       "transfer_bytes": d.transfer_bytes, "considered": [list(c) for c in d.considered]})
+
+
+def decision_from_json(text: str | None) -> Decision | None:
+    if not text:
+        return None
+    raw = json.loads(text)
+    raw["parts"] = tuple(tuple(p) for p in raw["parts"])
+    raw["considered"] = tuple(tuple(c) for c in raw.get("considered", ()))
+    return Decision(**raw)

@@ -7,7 +7,7 @@ work queued ahead of every entry behind it (``Site.queued_devices``), which
 then starts only where it delays none of them (EASY backfilling). Its cost is
 bounded: at most ``max_scan`` entries that do not start are decided afresh; an
 entry whose earlier decision still holds (it cannot start now) keeps it at the
-price of a few comparisons, and once no device is free the rest keep theirs.
+price of a few comparisons (none once no device is free).
 
 Nothing here reads a clock or a database: the caller gives ``now`` and the
 ``World``, so the DAGs' admission and the benchmarks run the same pass.
@@ -153,11 +153,11 @@ def run_pass(entries: Iterable[Entry], world: World, now: float, network: Transf
     out = PassResult({}, [])
     scanned = 0
     for entry in order:
-        if scanned >= max_scan or not world.any_free():  # the rest are not looked at: they keep what they had
+        if scanned >= max_scan:  # the rest are not looked at: they keep what they had
             out.unseen = [entry] + order.rest()
             break
         prev = previous.get(entry.key)
-        if prev is not None and prev.kind in ("reserve", "wait") and not state.could_start(entry):
+        if prev is not None and prev.kind in ("reserve", "wait") and not (world.any_free() and state.could_start(entry)):
             decision = prev
         else:
             decision = decide(entry, state.sites(entry), network, weights)

@@ -1,0 +1,178 @@
+"""The queue in production: runs enter it in the ledger, one pass at a time decides, and their waiters look.
+
+``Queue`` binds the pure pass (``passes.run_pass``) to the ledger and the live
+inventory: the world a pass sees is the federation's pools less what the
+ledger's reservations hold, each tenant's quota left, and when the running
+runs are expected to give their devices back (their start plus their
+estimated run time). A pass runs when the queue changed (a submission, a
+release, a cancellation) or its last pass is ``refresh_s`` old, under a lock
+that one pass at a time holds across every host; the ledger's own lock is
+held only while the starts are written, and the ledger refuses a start that no
+longer fits, so a pool or a quota is never oversubscribed.
+
+A waiting entry is kept alive by its waiter (``touch``): one that nobody has
+looked at for a lease expires, so a vanished waiter never blocks the queue.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from crosscloud.core.federation import Federation
+from crosscloud.ledger import Ledger, lease_seconds
+from crosscloud.ledger import engine as backend
+from crosscloud.ledger.queue import WAITING
+from crosscloud.ledger.records import QueueRow
+from crosscloud.pool.inventory import before_admission
+from crosscloud.pool.placement import TransferTime, Weights
+from crosscloud.scheduler.entry import Decision, Entry, decision_from_json, decision_json, entry_from_row, request_json
+from crosscloud.scheduler.order import ordered
+from crosscloud.scheduler.passes import PassResult, World, run_pass
+from crosscloud.store.network import network
+
+Clock = Callable[[], float]
+
+
+@dataclass(frozen=True)
+class Status:
+    """Where one run stands: its row, the last decision, and its place in line while it waits (1 first)."""
+
+    row: QueueRow
+    decision: Decision | None
+    position: int | None
+
+    @property
+    def state(self) -> str:
+        return self.row.state
+
+    def explain(self) -> str:
+        d = self.decision
+        where = f"position {self.position}" if self.position else self.state
+        return f"{where}: {d.reason if d else 'not decided yet'}"
+
+
+class Queue:
+    """The federation's one queue, in ``ledger``; ``clock`` is injectable (the tests move it)."""
+
+    def __init__(self, fed: Federation, ledger: Ledger, clock: Clock = time.time, max_scan: int = 256,
+                 refresh_s: float = 30.0, weights: Weights = Weights(), net: TransferTime | None = None):
+        self.fed, self.ledger, self.clock = fed, ledger, clock
+        self.max_scan, self.refresh_s, self.weights = max_scan, refresh_s, weights
+        self.network = net or network(fed)
+        self.quotas = {t.name: dict(t.quotas) for t in fed.tenants}
+        self.tenant_weights = {t.name: t.weight for t in fed.tenants}
+        self._entries: dict[tuple[int, float], Entry] = {}  # rows are immutable once submitted: parsed once
+
+    # -- entering and leaving -------------------------------------------------------------
+    def submit(self, entry: Entry, holder: str = "") -> Status:
+        """Enter ``entry`` (a run already waiting keeps its place); returns its status."""
+        values = {"tenant": entry.tenant, "run_id": entry.run_id, "priority": entry.priority, "deadline": entry.deadline,
+                  "deferrable": int(entry.deferrable), "objective": entry.objective, "request": request_json(entry),
+                  "runtime_s": entry.runtime_s, "holder": holder}
+        self.ledger.queue.submit(values, self.clock())
+        return self.status(entry.tenant, entry.run_id)
+
+    def cancel(self, tenant: str, run_id: str, reason: str = "cancelled") -> str:
+        """Take a run out of the queue, or give back what it holds if it started; returns what was done."""
+        if self.ledger.queue.end(tenant, run_id, "cancelled", reason, self.clock()):
+            return "cancelled while waiting"
+        held = self.ledger.release(tenant, run_id, reason=reason)
+        return f"released {held} device(s) it held" if held else "nothing: it is not in the queue or already ended"
+
+    def touch(self, tenant: str, run_id: str) -> None:
+        self.ledger.queue.touch(tenant, run_id, self.clock())
+
+    # -- the pass -------------------------------------------------------------------------
+    def run_pass(self, force: bool = False) -> PassResult | None:
+        """One scheduling pass, if the queue changed or the last is ``refresh_s`` old (or ``force``); None when none
+        was due. Blocks while another host's pass runs."""
+        with backend.pass_lock(self.ledger.engine):
+            version, seen, passed_at = self.ledger.queue.version()
+            now = self.clock()
+            if not force and version == seen and passed_at is not None and now - passed_at < self.refresh_s:
+                return None
+            self.ledger.queue.expire(now - lease_seconds(), now)
+            rows = self.ledger.queue.rows(("queued",))
+            result = self._decide(rows, now) if rows else PassResult({}, [])
+            self.ledger.queue.passed(version, now)
+            return result
+
+    def _decide(self, rows: list[QueueRow], now: float) -> PassResult:
+        entries = [self._entry(r) for r in rows]
+        world = self.world(entries, now)
+        previous = {(r.tenant, r.run_id): decision_from_json(r.decision) for r in rows}
+        result = run_pass(entries, world, now, self.network, {k: d for k, d in previous.items() if d},
+                          self.weights, self.max_scan)
+        ids = {(r.tenant, r.run_id): r.id for r in rows}
+        capacity = {(c.name, p.accelerator): p.count for c in self.fed.clouds for p in c.pools}
+        holders = {r.id: r.holder for r in rows}
+        starts = [(ids[e.key], e.tenant, e.run_id, list(d.parts), decision_json(d)) for e, d in result.started]
+        started = set()
+        for start in starts:  # each under its own holder's name: where to look when its lease lapses
+            started |= set(self.ledger.start([start], capacity, self.quotas, holder=holders[start[0]]))
+        changed = [(ids[k], decision_json(d)) for k, d in result.decisions.items()
+                   if ids[k] not in started and (d.kind == "start" or d != previous.get(k))]
+        self.ledger.queue.record(changed, now)
+        return result
+
+    def _entry(self, row: QueueRow) -> Entry:
+        key = (row.id, row.submitted_at)
+        got = self._entries.get(key)
+        if got is None:
+            got = self._entries[key] = entry_from_row(row, self.quotas.get(row.tenant, {}))
+        return got
+
+    def world(self, entries: list[Entry], now: float) -> World:
+        """The pools as the pass sees them now: free devices, quotas left, expected releases, each tenant's use."""
+        usage = self.ledger.usage()
+        inventory = before_admission(self.fed, self.ledger).with_usage(usage)
+        sites = {f: inventory.sites(f) for f in {e.request.family for e in entries}}
+        free = {(c.name, p.accelerator): p.free for c in inventory.clouds for p in c.pools}
+        ends = {(r.tenant, r.run_id): (r.started_at or now) + r.runtime_s
+                for r in self.ledger.queue.rows(("running",)) if r.runtime_s > 0}
+        releases: dict[tuple[str, str], list[tuple[float, int]]] = {}
+        for res in self.ledger.active():
+            end = ends.get((res.tenant, res.run_id))
+            if end is not None:  # a run admitted before the queue, or of unknown length, frees nothing known
+                releases.setdefault((res.cloud, res.accelerator), []).append((max(end, now + 60.0), res.devices))
+        for got in releases.values():
+            got.sort()
+        quota_left = {t: {c: q - usage.tenant(t, c) for c, q in quota.items()} for t, quota in self.quotas.items()}
+        held: dict[str, float] = {}
+        for (tenant, _), n in usage.tenants.items():
+            held[tenant] = held.get(tenant, 0) + n
+        return World(sites, free, releases, quota_left, held, dict(self.tenant_weights))
+
+    # -- looking ------------------------------------------------------------------------
+    def listing(self, tenant: str | None = None) -> list[Status]:
+        """The waiting runs in the order the next pass considers them, then the running ones; a tenant sees its own."""
+        waiting = self.ledger.queue.rows(WAITING)
+        usage = self.ledger.usage()
+        held: dict[str, float] = {}
+        for (t, _), n in usage.tenants.items():
+            held[t] = held.get(t, 0) + n
+        line = ordered([self._entry(r) for r in waiting], held, self.tenant_weights)
+        by_key = {(r.tenant, r.run_id): r for r in waiting}
+        out = [Status(by_key[e.key], decision_from_json(by_key[e.key].decision), i) for i, e in enumerate(line, start=1)]
+        out += [Status(r, decision_from_json(r.decision), None) for r in self.ledger.queue.rows(("running",))]
+        return [s for s in out if tenant is None or s.row.tenant == tenant]
+
+    def status(self, tenant: str, run_id: str) -> Status:
+        row = self.ledger.queue.get(tenant, run_id)
+        if row is None:
+            raise KeyError(f"run {run_id} of tenant {tenant} is not in the queue")
+        position = None
+        if row.state in WAITING:
+            position = next((s.position for s in self.listing(tenant) if s.row.run_id == run_id), None)
+        return Status(row, decision_from_json(row.decision), position)
+
+
+def expected_start(status: Status, now: float) -> float:
+    """Epoch seconds the run is expected to start; infinite when nothing known frees its devices."""
+    d = status.decision
+    if d is None or d.expected_start_s is None or math.isinf(d.expected_start_s):
+        return math.inf
+    return (status.row.decided_at or now) + d.expected_start_s
