@@ -5,7 +5,7 @@ STAMP := $(VENV)/.installed-stamp
 ENV := source scripts/env.sh &&
 SHELL := /bin/bash
 
-.PHONY: install demo test bench-gap bench-scheduling bench-preheat bench-electricity bench-demand-response bench-faults bench-sdk bench-exchange bench-admission bench-inference airflow-ui mlflow-ui clean
+.PHONY: install demo test bench-gap bench-scheduling bench-preheat bench-electricity bench-demand-response bench-faults bench-sdk bench-exchange bench-admission bench-inference bench-queue airflow-ui mlflow-ui clean
 
 $(STAMP): requirements.txt requirements-dev.txt constraints.txt pyproject.toml
 	python3 -m venv $(VENV)
@@ -51,6 +51,9 @@ bench-admission: install
 
 bench-inference: install
 	$(ENV) $(PY) bench/inference.py $(ARGS)
+
+bench-queue: install
+	$(ENV) $(PY) bench/queue_scale.py $(ARGS)
 
 airflow-ui: install
 	$(ENV) mkdir -p $$AIRFLOW_HOME && $(VENV)/bin/airflow standalone

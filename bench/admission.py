@@ -92,7 +92,8 @@ def admissions(where: str, index: int, count: int, args: dict, start) -> tuple[l
             held.append((spec.tenant, run_id))
             admitted += 1
             ends = max(len(held) - args["hold"], 0)
-        except NotAdmitted:
+        except NotAdmitted:  # the client gives up on it: it leaves the queue
+            ledger.queue.end(spec.tenant, run_id, "cancelled", "the client gave up", time.time())
             ends = 1  # while it waits, its oldest run ends: no client holds devices for ever
         latencies.append(time.perf_counter() - began)
         for _ in range(min(ends, len(held))):

@@ -3,14 +3,16 @@
 
 One training job split over several sovereign clouds that train together.
 
-1. **admit** places the job over the live inventory and reserves its devices
-   in the reservation ledger, in one transaction: hard constraints (tenant
-   quota, adapted images, residency, draining or unjoined clouds), then with
-   `placement = spread` every eligible cloud, with `placement = auto` the
-   cloud or split that finishes soonest for its cost and the network's
-   balance. While the devices are taken it waits (rescheduling itself, no
-   worker slot held) and the next try may choose another cloud: the job is
-   forwarded there with its data. It gives each cloud a share of the global
+1. **admit** enters the run in the federation's one queue and waits for a
+   scheduling pass's decision, deferred (no worker slot held; its log says
+   its position, expected start and reason). Passes order the queue by
+   `priority`, the tenant's fair share, then age; a run that cannot start
+   reserves the devices it waits for, and later runs only backfill around
+   it. Placement applies the hard constraints (tenant quota, adapted images,
+   residency, draining or unjoined clouds), then with `placement = spread`
+   takes every eligible cloud, with `placement = auto` the cloud or split
+   that finishes soonest for its cost and the network's balance: a job is
+   forwarded to another cloud with its data. Once started, it gives each cloud a share of the global
    batch proportional to its effective throughput and data shards within
    their jurisdictions, and writes the plan, with every cloud's verdict, to
    the run's `plan.json` and to MLflow.
@@ -43,11 +45,12 @@ from __future__ import annotations
 
 from datetime import datetime, timedelta
 
-from airflow.sdk import Param, PokeReturnValue, dag, get_current_context, task
+from airflow.sdk import Param, dag, task
 
 from crosscloud.core.job import LR_SCALINGS, MODES, PLACEMENTS, JobSpec
 from crosscloud.core.presets import PRESETS
 from crosscloud_airflow.operators import (
+    AdmitOperator,
     KubernetesSubTaskOperator,
     KubernetesSubTaskWaitOperator,
     LocalSubTaskOperator,
@@ -116,31 +119,16 @@ JOB = JobSpec()  # the Params' defaults are the engine's, so the DAG runs what b
                                  description="Times a sub-task that died is started again (it resumes) before its cloud is lost."),
         "keep_rounds": Param(JOB.keep_rounds, type="integer", minimum=2,
                              description="Rounds of deltas and globals each cloud keeps in its store (the final model stays)."),
+        "priority": Param(JOB.priority, type="integer", description="Queue priority: higher goes first (then fair share, then age)."),
+        "deadline": Param(JOB.deadline, type="string",
+                          description="When the run must have finished: hours after submission (e.g. 12) or a time (2026-12-07T06:00Z); empty: none."),
+        "deferrable": Param(JOB.deferrable, type="boolean", description="May wait for cheaper or cleaner hours before its deadline."),
+        "objective": Param(JOB.objective, type="string",
+                           description="What deferrable work saves: cost, carbon, or a carbon weight between 0 and 1."),
         "follow_prices": Param(JOB.follow_prices, type="boolean", description="Move a dear cloud's batch share to cheaper clouds between rounds (DAG follow_prices)."),
     },
 )
 def cross_cloud_training():
-    @task.sensor(poke_interval=15, timeout=6 * 3600, mode="reschedule")
-    def admit() -> PokeReturnValue:
-        from crosscloud.pipeline.stages import admit_stage
-        from crosscloud.scheduler.admission import NotAdmitted
-        from crosscloud_airflow.connections import use_airflow_connections
-
-        use_airflow_connections()
-        ctx = get_current_context()
-        spec = JobSpec.from_params(dict(ctx["params"]))
-        try:
-            ref = admit_stage(spec, ctx["run_id"], experiment=DAG_ID, tags={"airflow.dag_id": DAG_ID, "airflow.run_id": ctx["run_id"]})
-        except NotAdmitted as waiting:
-            print(f"not admitted yet, trying again in 15 s: {waiting}")
-            return PokeReturnValue(is_done=False)
-        _, plan = ref.load()
-        for c in plan.candidates:
-            print(f"placement {c.cloud}/{c.accelerator}: {'chosen' if c.chosen else 'not chosen'} - {c.reason}")
-        for c in plan.clouds:
-            print(f"cloud {c.name}: share {c.share}/{spec.global_batch}, shards {c.shards}, {c.devices} x {c.accelerator}")
-        return PokeReturnValue(is_done=True, xcom_value=ref.to_dict())
-
     @task
     def preheat(run: dict) -> dict:
         from crosscloud.pipeline.stages import preheat_stage
@@ -180,7 +168,7 @@ def cross_cloud_training():
         finally:
             print(f"released {release_stage(ref)} reserved device(s)")
 
-    run = admit()
+    run = AdmitOperator(task_id="admit", experiment=DAG_ID).output
     preheated = preheat(run)
     # one mapped dispatch task per access method; a method no planned cloud uses expands to nothing and is skipped
     dispatch = {}

@@ -1,4 +1,4 @@
-"""The ``crosscloud`` command line: train a program, put a dataset, the global inventory, cloud membership, and what runs left behind."""
+"""The ``crosscloud`` command line: train a program, the queue, put a dataset, the global inventory, cloud membership, and what runs left behind."""
 
 from __future__ import annotations
 
@@ -19,6 +19,9 @@ from crosscloud.pipeline.inputs import upload_dataset
 from crosscloud.pipeline.stages import run_job
 from crosscloud.pool import membership
 from crosscloud.pool.inventory import CloudView, Inventory, PoolView, TenantView, collect
+from crosscloud.scheduler.admission import NotAdmitted
+from crosscloud.scheduler.service import Queue
+from crosscloud.scheduler.view import format_explain, format_queue, status_dict
 from crosscloud.store.open_store import open_store
 from crosscloud.tracking.progress import Progress
 
@@ -146,9 +149,46 @@ def _train(args) -> int:
         params["clouds"] = [c for c in args.clouds.split(",") if c]
     spec = JobSpec.from_params(params)
     run_id = args.run_id or f"train-{time.strftime('%Y%m%dT%H%M%S')}"
-    summary = run_job(spec, run_id, args.federation, args.experiment, compare_baseline=spec.mode == "cross_cloud")
+    try:
+        summary = run_job(spec, run_id, args.federation, args.experiment, compare_baseline=spec.mode == "cross_cloud",
+                          wait=not args.no_wait)
+    except NotAdmitted as waiting:  # --no-wait: one line, no traceback
+        print(f"crosscloud train: run {run_id} not started (--no-wait): {waiting}", file=sys.stderr)
+        return 3
     print(format_summary(summary))
     return 0
+
+
+def _queue(args) -> int:
+    """List, explain or cancel the queue's entries (a tenant sees only its own)."""
+    fed = load_federation(args.federation)
+    queue = Queue(fed, Ledger())
+    if args.action == "cancel":
+        tenant = _one_tenant(args)
+        print(f"run {args.run_id}: {queue.cancel(tenant, args.run_id, reason=f'cancelled by {getpass.getuser()}')}")
+        return 0
+    if args.action == "explain":
+        tenant = _one_tenant(args)
+        try:
+            status = queue.status(tenant, args.run_id)
+        except KeyError as exc:
+            raise SystemExit(f"crosscloud queue: {exc.args[0]}") from None
+        print(format_explain(status, time.time()))
+        return 0
+    rows = [s for s in queue.listing() if not args.tenant or s.row.tenant in args.tenant]
+    if args.json:
+        print(json.dumps([status_dict(s, time.time()) for s in rows], indent=2))
+    else:
+        print(format_queue(rows, time.time()))
+    return 0
+
+
+def _one_tenant(args) -> str:
+    if len(args.tenant) != 1:
+        raise SystemExit(f"crosscloud queue {args.action}: name the run's tenant with one --tenant")
+    if not args.run_id:
+        raise SystemExit(f"crosscloud queue {args.action}: name the run with --run-id")
+    return args.tenant[0]
 
 
 def _dataset(args) -> int:
@@ -274,6 +314,13 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--run-id")
     p.add_argument("--experiment", help="MLflow experiment to track the run in")
     p.add_argument("--federation")
+    p.add_argument("--no-wait", action="store_true", help="fail at once (exit 3) if the queue does not start it now")
+    p = sub.add_parser("queue", help="the federation's queue: position, expected start, cloud, reason, deadline; cancel")
+    p.add_argument("action", nargs="?", default="list", choices=["list", "explain", "cancel"])
+    p.add_argument("--run-id")
+    p.add_argument("--tenant", action="append", default=[], metavar="T", help="only this tenant's entries (repeatable)")
+    p.add_argument("--federation")
+    p.add_argument("--json", action="store_true")
     p = sub.add_parser("dataset", help="put a folder's train/ and val/ files in a files dataset's home store")
     p.add_argument("action", choices=["put"])
     p.add_argument("name")
@@ -311,7 +358,7 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
-COMMANDS = {"summary": _summary, "train": _train, "dataset": _dataset, "inventory": _inventory, "warm": _warm,
+COMMANDS = {"summary": _summary, "train": _train, "queue": _queue, "dataset": _dataset, "inventory": _inventory, "warm": _warm,
             "cloud": _cloud, "progress": _progress, "release": _release, "serve": _serve}
 
 

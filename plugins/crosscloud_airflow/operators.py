@@ -36,6 +36,58 @@ def run_ref(run: dict):
     return RunRef(**run)
 
 
+class AdmitOperator(BaseOperator):
+    """The run enters the federation's queue and waits for its decision deferred; returns the run's reference.
+
+    ``execute`` submits the run (``admit_stage``). While it waits, the task is
+    deferred on ``QueueTrigger``: no worker slot, no poke loop; the task log
+    says its position, its expected start and the reason, each time they
+    change. When a pass starts it, ``resume`` takes its reservation, writes the
+    plan and logs where it trains; a run no cloud can ever take fails, naming
+    every cloud's reason.
+    """
+
+    ui_color = "#fff2cc"
+
+    def __init__(self, *, experiment: str, poll_interval: float = 10.0, **kwargs):
+        super().__init__(**kwargs)
+        self.experiment = experiment
+        self.poll_interval = poll_interval
+
+    def execute(self, context) -> dict:
+        return self._admit(context)
+
+    def resume(self, context, event: dict) -> dict:
+        self.log.info("queue: %s (%s)", event.get("state"), event.get("reason"))
+        if event.get("state") in ("cancelled", "refused"):
+            raise RuntimeError(f"run {context['run_id']} left the queue {event['state']}: {event.get('reason')}")
+        return self._admit(context)
+
+    def _admit(self, context) -> dict:
+        from crosscloud.core.federation import federation_path
+        from crosscloud.core.job import JobSpec
+        from crosscloud.pipeline.stages import admit_stage
+        from crosscloud.scheduler.admission import NotAdmitted
+        from crosscloud_airflow.connections import use_airflow_connections
+        from crosscloud_airflow.triggers import QueueTrigger
+
+        use_airflow_connections()
+        spec, run_id, dag_id = JobSpec.from_params(dict(context["params"])), context["run_id"], context["dag"].dag_id
+        try:
+            ref = admit_stage(spec, run_id, experiment=self.experiment, tags={"airflow.dag_id": dag_id, "airflow.run_id": run_id})
+        except NotAdmitted as waiting:
+            self.log.info("run %s waits in the queue, deferred: %s", run_id, waiting)
+            self.defer(trigger=QueueTrigger(str(federation_path()), spec.tenant, run_id, self.poll_interval),
+                       method_name="resume")
+        _, plan = ref.load()
+        for c in plan.candidates:
+            self.log.info("placement %s/%s: %s - %s", c.cloud, c.accelerator, "chosen" if c.chosen else "not chosen", c.reason)
+        for c in plan.clouds:
+            self.log.info("cloud %s: share %s/%s, shards %s, %s x %s", c.name, c.share, spec.global_batch, c.shards,
+                          c.devices, c.accelerator)
+        return ref.to_dict()
+
+
 class LocalSubTaskOperator(BaseOperator):
     """Start the sub-task of ``cloud`` as processes on this machine; returns its handle."""
 

@@ -95,3 +95,59 @@ class RoundTrigger(BaseTrigger):
                 yield self._event(reason, w.since if w is not None else self.since)
                 return
             await asyncio.sleep(self.poll_interval)
+
+
+QUEUE_CLASSPATH = "crosscloud_airflow.triggers.QueueTrigger"
+
+
+class QueueTrigger(BaseTrigger):
+    """Fires when run ``run_id`` of ``tenant`` leaves the queue's waiting line: started, refused or ended.
+
+    It holds no worker slot: the triggerer looks every ``poll_interval``
+    seconds. Each look keeps the entry alive (an entry nobody looks at
+    expires) and runs a scheduling pass when one is due (one at a time across
+    every host), and the log says each new position and reason.
+    """
+
+    def __init__(self, federation_path: str, tenant: str, run_id: str, poll_interval: float = 10.0):
+        super().__init__()
+        self.federation_path, self.tenant, self.run_id = federation_path, tenant, run_id
+        self.poll_interval = float(poll_interval)
+        self._queue = None
+
+    def serialize(self) -> tuple[str, dict[str, Any]]:
+        return QUEUE_CLASSPATH, {"federation_path": self.federation_path, "tenant": self.tenant, "run_id": self.run_id,
+                                 "poll_interval": self.poll_interval}
+
+    def _look(self):
+        """Keep the entry alive, run a pass if one is due, and read where the run stands (blocking: the ledger)."""
+        if self._queue is None:
+            from crosscloud.core.federation import load_federation
+            from crosscloud.ledger import Ledger
+            from crosscloud.scheduler.service import Queue
+            from crosscloud_airflow.connections import use_airflow_connections
+
+            use_airflow_connections()
+            self._queue = Queue(load_federation(self.federation_path), Ledger())
+        self._queue.touch(self.tenant, self.run_id)
+        self._queue.run_pass()
+        return self._queue.status(self.tenant, self.run_id)
+
+    async def run(self) -> AsyncIterator[TriggerEvent]:
+        said = None
+        while True:
+            try:
+                status = await asyncio.to_thread(self._look)
+            except Exception as exc:  # noqa: BLE001 - the ledger restarting, whatever it raises: look again
+                self.log.warning("run %s: the queue cannot be read now (%s); looking again in %g s", self.run_id, exc,
+                                 self.poll_interval)
+                await asyncio.sleep(self.poll_interval)
+                continue
+            decision = status.decision
+            if status.state != "queued" or (decision is not None and decision.kind == "never"):
+                yield TriggerEvent({"state": status.state, "reason": status.explain()})
+                return
+            if status.explain() != said:
+                said = status.explain()
+                self.log.info("run %s queued at %s", self.run_id, said)
+            await asyncio.sleep(self.poll_interval)

@@ -6,7 +6,9 @@ before anything starts, with a message that names the field and the fix.
 
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass, field
+from datetime import datetime, timezone
 from typing import Literal
 
 from crosscloud.core.keys import validate_name
@@ -21,6 +23,45 @@ DEFAULT_DATASET = "python-stdlib"  # what a job reads when neither it nor its pr
 
 class JobSpecError(ValueError):
     """A job parameter that is out of range or inconsistent."""
+
+
+def carbon_weight(objective: str) -> float:
+    """How much carbon counts against cost, 0..1: ``cost`` is 0, ``carbon`` 1, a number in between its weight."""
+    text = str(objective).strip().lower()
+    if text in ("", "cost"):
+        return 0.0
+    if text == "carbon":
+        return 1.0
+    try:
+        w = float(text)
+    except ValueError:
+        raise JobSpecError(f"job parameter objective: {objective!r} is unknown; use cost, carbon, "
+                           "or a carbon weight between 0 and 1") from None
+    if not 0.0 <= w <= 1.0 or math.isnan(w):
+        raise JobSpecError(f"job parameter objective: a carbon weight must be between 0 and 1, got {objective!r}")
+    return w
+
+
+def deadline_at(deadline: str, submitted_at: float) -> float | None:
+    """Epoch seconds of a job's deadline: empty is none, a number is hours after submission, else an ISO 8601 time
+    (UTC unless it says otherwise)."""
+    text = str(deadline).strip()
+    if not text:
+        return None
+    try:
+        hours = float(text)
+    except ValueError:
+        hours = None
+    if hours is not None:
+        if not hours > 0 or math.isinf(hours):
+            raise JobSpecError(f"job parameter deadline: {deadline!r} hours after submission must be > 0")
+        return submitted_at + hours * 3600
+    try:
+        when = datetime.fromisoformat(text.replace("Z", "+00:00"))
+    except ValueError:
+        raise JobSpecError(f"job parameter deadline: {deadline!r} is neither hours after submission (e.g. 12) "
+                           "nor a time (e.g. 2026-12-07T06:00Z)") from None
+    return (when if when.tzinfo else when.replace(tzinfo=timezone.utc)).timestamp()
 
 
 @dataclass(frozen=True)
@@ -74,6 +115,12 @@ class JobSpec:
     subtask_retries: int = 2
     # rounds of deltas and globals each cloud keeps in its store (the final model stays): 2 is what restarts need
     keep_rounds: int = 2
+    # the queue (crosscloud.scheduler): higher priority goes first; a deadline (hours after submission, or a time);
+    # deferrable work may wait for cheaper or cleaner hours before its deadline, by the objective's measure
+    priority: int = 0
+    deadline: str = ""
+    deferrable: bool = False
+    objective: str = "cost"
 
     def __post_init__(self) -> None:
         checks = [
@@ -102,6 +149,10 @@ class JobSpec:
         for ok, name, message in checks:
             if not ok:
                 raise JobSpecError(f"job parameter {name}: {message}")
+        carbon_weight(self.objective)
+        deadline_at(self.deadline, 0.0)
+        if self.deferrable and not str(self.deadline).strip():
+            raise JobSpecError("job parameter deferrable: deferrable work needs a deadline to wait within; give one")
         try:
             validate_name(self.tenant, "tenant")
         except ValueError as exc:

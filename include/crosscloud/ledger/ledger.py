@@ -154,12 +154,12 @@ class Ledger:
                     for r in made])
             return made
 
-    def start(self, starts: list[tuple[int, str, str, list[tuple[str, str, int]], str]],
-              capacity: dict[tuple[str, str], int], quotas: dict[str, dict[str, int]], lease_s: float | None = None,
-              holder: str = "") -> list[int]:
+    def start(self, starts: list[tuple[int, str, str, list[tuple[str, str, int]], str, str]],
+              capacity: dict[tuple[str, str], int], quotas: dict[str, dict[str, int]],
+              lease_s: float | None = None) -> list[int]:
         """Reserve each queued run's parts and mark it running, in order, in one transaction; returns the ids started.
 
-        ``starts``: (queue id, tenant, run id, parts, decision JSON) as a
+        ``starts``: (queue id, tenant, run id, parts, decision JSON, holder) as a
         scheduling pass decided them. A run whose parts no longer fit a pool or
         its tenant's quota as the reservations are now (a run admitted
         meanwhile) is left queued for the next pass: never oversubscribed.
@@ -171,7 +171,7 @@ class Ledger:
             live, lapsed = self._open(db, now)
             self._lapse(db, now, lapsed)
             usage = self._usage(live)
-            for rid, tenant, run_id, parts, decision in starts:
+            for rid, tenant, run_id, parts, decision, holder in starts:
                 asked: dict[tuple[str, str], int] = {}
                 for cloud, accelerator, devices in parts:
                     asked[(cloud, accelerator)] = asked.get((cloud, accelerator), 0) + devices

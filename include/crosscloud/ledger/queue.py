@@ -82,6 +82,12 @@ class QueueStore:
         with backend.read(self.engine) as db:
             return [row(r) for r in db.execute(query)]
 
+    def line(self) -> list[tuple[str, int, float, str]]:
+        """(tenant, priority, submitted_at, run_id) of every waiting run: what its order needs, nothing more."""
+        query = sa.select(Q.tenant, Q.priority, Q.submitted_at, Q.run_id).where(Q.state.in_(WAITING))
+        with backend.read(self.engine) as db:
+            return [tuple(r) for r in db.execute(query)]
+
     def touch(self, tenant: str, run_id: str, now: float) -> None:
         """The run's waiter is still there (an entry nobody looks at expires)."""
         with backend.write(self.engine, lock=False, durable=False) as db:

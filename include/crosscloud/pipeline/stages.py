@@ -24,7 +24,7 @@ from crosscloud.core.interrupt import terminate_as_interrupt
 from crosscloud.core.job import JobSpec
 from crosscloud.core.keys import manifest_key, validate_name
 from crosscloud.core.presets import preset
-from crosscloud.scheduler.admission import Admission, NotAdmitted, admit, preflight
+from crosscloud.scheduler.admission import Admission, NotAdmitted, admit, admit_waiting, preflight
 from crosscloud.ledger import Ledger
 from crosscloud.pool.partition import partition
 from crosscloud.pool.placement import PlacementError
@@ -116,11 +116,15 @@ def admit_stage(
     experiment: str | None = None,
     tags: dict[str, str] | None = None,
     init: bytes | None = None,
+    wait: bool = False,
+    log: Log = print,
 ) -> RunRef:
-    """Admit the run (place it, reserve its devices), give clouds shares and shards, write the plan, open MLflow runs.
+    """Admit the run (it enters the queue; once a pass starts it, its devices are reserved), give clouds shares
+    and shards, write the plan, open MLflow runs.
 
-    Raises ``NotAdmitted`` while the devices it needs are taken (the caller waits
-    and tries again) and ``PlacementError`` when no cloud could ever take it.
+    Raises ``NotAdmitted`` while the run waits in the queue (unless ``wait``: then
+    it waits here, saying its position) and ``PlacementError`` when no cloud
+    could ever take it.
     """
     validate_name(run_id, "run id")
     federation_path = str(resolve_federation_path(federation_path))
@@ -132,7 +136,10 @@ def admit_stage(
     inputs = materialize_inputs(fed, spec, program, init)
     ledger = Ledger()
     data_bytes, data_at = sum(r.size for r in inputs.shards), _holders(fed, spec.tenant, inputs.shards)
-    admission = admit(fed, spec, run_id, program.family, data_bytes, data_at, ledger)
+    if wait:
+        admission = admit_waiting(fed, spec, run_id, program.family, data_bytes, data_at, ledger, log)
+    else:
+        admission = admit(fed, spec, run_id, program.family, data_bytes, data_at, ledger)
     try:
         _write_plan(fed, _new_plan(fed, ref, spec, admission, inputs), experiment, tags)
     except BaseException:
@@ -401,14 +408,16 @@ def _aggregate(ref: RunRef, fed: Federation, plan: Plan, handles: list[Handle], 
 
 def run_job(spec: JobSpec, run_id: str, federation_path: str | None = None, experiment: str | None = None,
             log: Log = print, compare_baseline: bool = True, tags: dict[str, str] | None = None,
-            init: bytes | None = None) -> dict:
+            init: bytes | None = None, wait: bool = True) -> dict:
     """All stages in this process, through the engine backends: for benchmarks, calibration and retraining.
 
-    However it ends - an error, Ctrl-C, SIGTERM - its sub-tasks are stopped and its devices given back.
+    The run waits in the queue like any other (``wait=False``: it fails at once
+    with ``NotAdmitted`` instead). However it ends - an error, Ctrl-C, SIGTERM -
+    its sub-tasks are stopped and its devices given back.
     """
     with terminate_as_interrupt():
         ref = admit_stage(spec, run_id, federation_path, experiment,
-                          tags={"crosscloud.launcher": "engine", **(tags or {})}, init=init)
+                          tags={"crosscloud.launcher": "engine", **(tags or {})}, init=init, wait=wait, log=log)
         handles: list[Handle] = []
         try:
             preheat_stage(ref)

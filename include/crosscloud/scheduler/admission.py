@@ -16,10 +16,12 @@ is already running gets its own reservation back. ``PlacementError`` means
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 from crosscloud.core.federation import Federation
-from crosscloud.core.job import JobSpec
+from crosscloud.core.job import JobSpec, deadline_at
 from crosscloud.core.presets import PRESETS, SAMPLE_SECONDS
 from crosscloud.ledger import Ledger
 from crosscloud.ledger.leases import default_holder
@@ -78,7 +80,8 @@ def entry_for(fed: Federation, spec: JobSpec, run_id: str, family: str, data_byt
     spread = None if spec.placement == "auto" and not single else Spread(spec.devices_per_cloud, bool(spec.clouds) or single)
     devices = spec.devices_per_cloud if spread is not None else spec.devices
     request = job_request(fed, spec, family, data_bytes, data_at, devices)
-    return Entry(spec.tenant, run_id, request, now, runtime_s=runtime_estimate(spec) / devices, spread=spread)
+    return Entry(spec.tenant, run_id, request, now, spec.priority, deadline_at(spec.deadline, now), spec.deferrable,
+                 spec.objective, spread, runtime_estimate(spec) / devices)
 
 
 def _check_request(fed: Federation, spec: JobSpec) -> None:
@@ -135,3 +138,29 @@ def admit(fed: Federation, spec: JobSpec, run_id: str, family: str, data_bytes: 
     if status.state != "queued":
         raise NotAdmitted(f"run {run_id} is {status.state} in the queue: {status.row.end_reason}", status)
     raise NotAdmitted(f"queued at {status.explain()}", status)
+
+
+def admit_waiting(fed: Federation, spec: JobSpec, run_id: str, family: str, data_bytes: int, data_at: set[str],
+                  ledger: Ledger | None = None, log: Callable[[str], None] = print, poll_s: float = 5.0,
+                  timeout_s: float | None = None) -> Admission:
+    """``admit``, waiting in the queue until the run starts; the log says each new position and reason.
+
+    However the wait ends without a start - Ctrl-C, SIGTERM, ``timeout_s`` -
+    the entry leaves the queue, so nothing waits on in the waiter's name.
+    """
+    ledger = ledger or Ledger()
+    queue, said, since = Queue(fed, ledger), None, time.monotonic()
+    try:
+        while True:
+            try:
+                return admit(fed, spec, run_id, family, data_bytes, data_at, ledger, queue=queue)
+            except NotAdmitted as waiting:
+                if str(waiting) != said:
+                    said = str(waiting)
+                    log(f"run {run_id} {said}")
+                if timeout_s is not None and time.monotonic() - since > timeout_s:
+                    raise
+            time.sleep(poll_s)
+    except BaseException:
+        queue.ledger.queue.end(spec.tenant, run_id, "cancelled", "its waiter stopped waiting", queue.clock())
+        raise

@@ -8,33 +8,12 @@ whether it may wait for cheap hours, and what "cheap" means (``objective``).
 from __future__ import annotations
 
 import json
-import math
 from dataclasses import dataclass, field
 
 from crosscloud.pool.placement import JobRequest
 
 KINDS = ("start", "reserve", "plan", "wait", "never")
 STATES = ("queued", "running", "paused", "done", "cancelled", "expired")
-
-
-class QueueError(ValueError):
-    """A queue request that cannot be taken (an unknown objective, a deadline already past, an unknown entry)."""
-
-
-def carbon_weight(objective: str) -> float:
-    """How much carbon counts against cost, 0..1: ``cost`` is 0, ``carbon`` 1, a number in between its weight."""
-    text = str(objective).strip().lower()
-    if text in ("", "cost"):
-        return 0.0
-    if text == "carbon":
-        return 1.0
-    try:
-        w = float(text)
-    except ValueError:
-        raise QueueError(f"objective {objective!r}: use cost, carbon, or a carbon weight between 0 and 1") from None
-    if not 0.0 <= w <= 1.0 or math.isnan(w):
-        raise QueueError(f"objective {objective!r}: a carbon weight must be between 0 and 1")
-    return w
 
 
 @dataclass(frozen=True)

@@ -45,9 +45,9 @@ class FairOrder:
             tenant = key[3]
             entry = self.lines[tenant][self.next[tenant]]
             self.next[tenant] += 1
-            yield entry
-            if self.next[tenant] < len(self.lines[tenant]):
+            if self.next[tenant] < len(self.lines[tenant]):  # its next entry waits in the heap meanwhile
                 heapq.heappush(self.heap, self._key(tenant))
+            yield entry
 
     def rest(self) -> list[Entry]:
         """The entries not yet given out, in order (cheap when one tenant is queued)."""

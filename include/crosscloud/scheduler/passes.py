@@ -16,7 +16,6 @@ Nothing here reads a clock or a database: the caller gives ``now`` and the
 from __future__ import annotations
 
 import bisect
-import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 
@@ -174,10 +173,3 @@ def run_pass(entries: Iterable[Entry], world: World, now: float, network: Transf
 
 
 UNSEEN = Decision("wait", "queued: not decided yet (the entries ahead of it take every free device)")
-
-
-def expected_wait(decision: Decision) -> float:
-    """Seconds until the entry is expected to start; infinite when nothing known frees its devices."""
-    if decision.expected_start_s is None:
-        return math.inf
-    return decision.expected_start_s

@@ -76,28 +76,36 @@ class Queue:
         return self.status(entry.tenant, entry.run_id)
 
     def cancel(self, tenant: str, run_id: str, reason: str = "cancelled") -> str:
-        """Take a run out of the queue, or give back what it holds if it started; returns what was done."""
+        """Take a waiting run out of the queue (its waiter then fails and gives back what it wrote); returns what
+        was done. A running run is stopped by its DAG run or its process, whose cleanup releases its devices."""
         if self.ledger.queue.end(tenant, run_id, "cancelled", reason, self.clock()):
-            return "cancelled while waiting"
-        held = self.ledger.release(tenant, run_id, reason=reason)
-        return f"released {held} device(s) it held" if held else "nothing: it is not in the queue or already ended"
+            return "cancelled while waiting; its waiter stops and nothing of it holds a device"
+        row = self.ledger.queue.get(tenant, run_id)
+        if row is not None and row.state == "running":
+            return ("not cancelled: it is running; stop its DAG run (mark it failed) or its process, and its cleanup "
+                    "gives its devices back")
+        return "nothing to cancel: it is not waiting in the queue"
 
     def touch(self, tenant: str, run_id: str) -> None:
         self.ledger.queue.touch(tenant, run_id, self.clock())
 
     # -- the pass -------------------------------------------------------------------------
-    def run_pass(self, force: bool = False) -> PassResult | None:
+    def run_pass(self, force: bool = False, blocking: bool = True) -> PassResult | None:
         """One scheduling pass, if the queue changed or the last is ``refresh_s`` old (or ``force``); None when none
-        was due. Blocks while another host's pass runs."""
-        with backend.pass_lock(self.ledger.engine):
+        was due. While another host's pass runs it waits, or with ``blocking=False`` leaves it to that one and to
+        the next look: a waiter looks again anyway."""
+        with backend.pass_lock(self.ledger.engine, blocking) as taken:
+            if not taken:
+                return None
             version, seen, passed_at = self.ledger.queue.version()
             now = self.clock()
             if not force and version == seen and passed_at is not None and now - passed_at < self.refresh_s:
                 return None
-            self.ledger.queue.expire(now - lease_seconds(), now)
+            expired = self.ledger.queue.expire(now - lease_seconds(), now)
             rows = self.ledger.queue.rows(("queued",))
             result = self._decide(rows, now) if rows else PassResult({}, [])
-            self.ledger.queue.passed(version, now)
+            # its own changes (each bumped the version once) are seen; another host's meanwhile are not
+            self.ledger.queue.passed(version + bool(expired) + bool(result.started), now)
             return result
 
     def _decide(self, rows: list[QueueRow], now: float) -> PassResult:
@@ -109,12 +117,17 @@ class Queue:
         ids = {(r.tenant, r.run_id): r.id for r in rows}
         capacity = {(c.name, p.accelerator): p.count for c in self.fed.clouds for p in c.pools}
         holders = {r.id: r.holder for r in rows}
-        starts = [(ids[e.key], e.tenant, e.run_id, list(d.parts), decision_json(d)) for e, d in result.started]
-        started = set()
-        for start in starts:  # each under its own holder's name: where to look when its lease lapses
-            started |= set(self.ledger.start([start], capacity, self.quotas, holder=holders[start[0]]))
+        # each under its own waiter's name: where to look when its lease lapses
+        starts = [(ids[e.key], e.tenant, e.run_id, list(d.parts), decision_json(d), holders[ids[e.key]])
+                  for e, d in result.started]
+        started = set(self.ledger.start(starts, capacity, self.quotas))
+        late = [(e, d) for e, d in result.started if ids[e.key] not in started]  # another host took them first
+        result.started = [(e, d) for e, d in result.started if ids[e.key] in started]
+        for e, d in late:
+            result.decisions[e.key] = Decision("wait", "its devices were taken by a run started meanwhile; "
+                                               "the next pass decides it again", considered=d.considered)
         changed = [(ids[k], decision_json(d)) for k, d in result.decisions.items()
-                   if ids[k] not in started and (d.kind == "start" or d != previous.get(k))]
+                   if ids[k] not in started and d != previous.get(k)]
         self.ledger.queue.record(changed, now)
         return result
 
@@ -164,10 +177,20 @@ class Queue:
         row = self.ledger.queue.get(tenant, run_id)
         if row is None:
             raise KeyError(f"run {run_id} of tenant {tenant} is not in the queue")
-        position = None
-        if row.state in WAITING:
-            position = next((s.position for s in self.listing(tenant) if s.row.run_id == run_id), None)
-        return Status(row, decision_from_json(row.decision), position)
+        return Status(row, decision_from_json(row.decision), self._position(row) if row.state in WAITING else None)
+
+    def _position(self, row: QueueRow) -> int:
+        """Its place in the order the next pass considers the waiting runs (from their terms alone: cheap)."""
+        held: dict[str, float] = {}
+        for (t, _), n in self.ledger.usage().tenants.items():
+            held[t] = held.get(t, 0) + n
+        share = {t: n / self.tenant_weights.get(t, 1.0) for t, n in held.items()}
+
+        def key(tenant: str, priority: int, submitted_at: float, run_id: str) -> tuple:
+            return -priority, share.get(tenant, 0.0), submitted_at, tenant, run_id
+
+        mine = key(row.tenant, row.priority, row.submitted_at, row.run_id)
+        return 1 + sum(key(*other) < mine for other in self.ledger.queue.line())
 
 
 def expected_start(status: Status, now: float) -> float:
