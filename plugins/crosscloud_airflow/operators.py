@@ -49,10 +49,13 @@ class AdmitOperator(BaseOperator):
 
     ui_color = "#fff2cc"
 
-    def __init__(self, *, experiment: str, poll_interval: float = 10.0, **kwargs):
+    def __init__(self, *, experiment: str, poll_interval: float | None = None, **kwargs):
+        import os
+
         super().__init__(**kwargs)
         self.experiment = experiment
-        self.poll_interval = poll_interval
+        # how often the triggerer looks at the queue: $CROSSCLOUD_QUEUE_POLL_S, else 10 s
+        self.poll_interval = poll_interval or float(os.environ.get("CROSSCLOUD_QUEUE_POLL_S") or 10.0)
 
     def execute(self, context) -> dict:
         return self._admit(context)
