@@ -5,7 +5,7 @@ shown inside the Airflow UI as external views: an entry of the navigation and
 a tab on every DAG run. Each route depends on Airflow's own authentication
 and authorization (the UI's JWT cookie or a bearer token, and read access to
 the DAG's runs): a request without them gets 401/403 and no data. Past that,
-a user sees the runs, reservations, quota and served models of their own tenants only
+a user sees the runs, queue entries, reservations, quota and served models of their own tenants only
 (``tenancy.py``: the Airflow teams the auth manager puts them in; an
 administrator is in all); pools' totals and use stay global, capacity being
 no tenant's secret. The HTML is rendered on the server, fresh from the engine
@@ -182,11 +182,37 @@ def _compute_view(user) -> str:
         + "<h2>Tenants: devices used / quota</h2>"
         + (_table(["tenant", "used / quota per cloud", "runs holding devices"], tenants) if tenants
            else "<p class='muted'>no tenant shown</p>")
+        + "<h2>Queue</h2>" + queue_section(queue_rows(fed, ledger, shown))
         + "<h2>Recent runs</h2>"
         + (_table(["run", "tenant", "mode", "clouds", "state", "rounds", "final eval loss", "iteration-time gap"], recent, numeric={5, 6, 7})
            if recent else "<p class='muted'>no runs yet</p>")
         + "<h2>Serving: traffic per cloud</h2>" + serving_section(_serving(shown))
     )
+
+
+def queue_rows(fed, ledger, shown: list[str]) -> list[dict]:
+    """The queue's entries of the ``shown`` tenants, waiting ones in the order of the next pass, then running ones."""
+    from crosscloud.scheduler.service import Queue
+    from crosscloud.scheduler.view import status_dict
+
+    now = time.time()
+    return [status_dict(s, now) for s in Queue(fed, ledger).listing() if s.row.tenant in shown]
+
+
+def queue_section(rows: list[dict]) -> str:
+    """Each entry: position, tenant, run, state, priority, devices, decision, expected start, deadline, reason."""
+    if not rows:
+        return "<p class='muted' id='queue-empty'>no run of your tenants waits or runs</p>"
+
+    def when(t):
+        return "-" if t is None else time.strftime("%m-%d %H:%M UTC", time.gmtime(t))
+
+    body = [[str(r["position"] or ""), escape(r["tenant"]), escape(r["run_id"]), escape(r["state"]), str(r["priority"]),
+             escape(r["devices"]), escape(r["decision"]) + (f"<br><span class='muted'>{escape(r['where'])}</span>" if r["where"] else ""),
+             when(r["expected_start"]), f"{r['waited_s'] / 60:.1f}", when(r["deadline"]), escape(r["reason"][:300])]
+            for r in rows]
+    return "<div id='queue'>" + _table(["position", "tenant", "run", "state", "priority", "devices", "decision",
+                                        "expected start", "waited min", "deadline", "reason"], body, numeric={0, 4, 8}) + "</div>"
 
 
 def _serving(shown: list[str]) -> list[dict]:
@@ -268,6 +294,15 @@ def inventory_api(user: GetUserDep) -> dict:
     shown, note = visible_tenants(user, [t.name for t in fed.tenants])
     return {**_shown_inventory(fed, ledger, shown).to_dict(),
             "shown_to": {"user": user.get_name(), "tenants": shown, "note": note}}
+
+
+@app.get("/api/queue",
+         dependencies=[Depends(requires_access_dag("GET", DagAccessEntity.RUN, param_dag_id=TRAINING_DAG))])
+def queue_api(user: GetUserDep) -> dict:
+    """The queue as the page shows it to this user: only their tenants' entries (Kueue's visibility API, per tenant)."""
+    fed, ledger = _sources()
+    shown, note = visible_tenants(user, [t.name for t in fed.tenants])
+    return {"entries": queue_rows(fed, ledger, shown), "shown_to": {"user": user.get_name(), "tenants": shown, "note": note}}
 
 
 @app.get("/runs/{dag_id}/{run_id}", response_class=HTMLResponse,

@@ -21,6 +21,7 @@ from browserkit import SHOTS, sign_in, wait
 
 USERS = {"alice": "viewer:team-a", "bob": "viewer:team-b", "carol": "viewer"}
 RUNS = {"team-a": "alpha-run-7", "team-b": "bravo-run-9"}  # names no other text of the page contains
+QUEUED = {"team-a": "alpha-waits-3", "team-b": "bravo-waits-5"}  # each tenant's run waiting in the queue
 DEVICES = {"team-a": 3, "team-b": 1}  # on beijing
 QUOTA = {"team-a": 4, "team-b": 2}  # on beijing, in the embedded federation
 SEES = {"alice": ["team-a"], "bob": ["team-b"], "carol": [], "admin": ["team-a", "team-b"]}
@@ -35,6 +36,8 @@ def _seed(server) -> None:
     from crosscloud.core.presets import preset
     from crosscloud.ledger import Ledger
     from crosscloud.run.plan import CloudAssignment, Plan
+    from crosscloud.scheduler.admission import entry_for
+    from crosscloud.scheduler.service import Queue
     from crosscloud.store.chunks import BlobRef
     from crosscloud.store.open_store import open_store
 
@@ -52,6 +55,8 @@ def _seed(server) -> None:
             Plan(tenant=tenant, run_id=run_id, federation=fed.name, federation_path="", job=spec, model=preset(spec.model_size),
                  outer=spec.outer, coordinator_cloud="beijing", clouds=[cloud], candidates=[], dataset=spec.dataset,
                  shards=[blob], held_out=blob, init=blob).save(open_store(fed.local_cloud, tenant))
+            waits = JobSpec(tenant=tenant, clouds=["beijing"], devices_per_cloud=2)  # beijing is full: it waits
+            Queue(fed, ledger).submit(entry_for(fed, waits, QUEUED[tenant], "byte-lm", 0, set(), 0.0))
 
 
 @pytest.fixture(scope="module")
@@ -89,14 +94,25 @@ def test_the_page_shows_each_user_their_own_tenants(server, browser, user):
         if tenant in SEES[user]:
             assert f"{tenant} beijing {DEVICES[tenant]}/{QUOTA[tenant]}" in text and f"{run_id} ({tenant})" in text
             assert text.count(run_id) == 3  # holding devices on beijing, in the tenant's row, a recent run
+            assert QUEUED[tenant] in text  # its run waiting in the queue
         else:
-            assert run_id not in text
+            assert run_id not in text and QUEUED[tenant] not in text
     if SEES[user]:
         assert f"signed in as {user}: tenants shown {', '.join(SEES[user])}" in text
         assert all(t in SEES[user] for t in RUNS if t in text)
     else:
         assert "in no crosscloud tenant's Airflow team" in text and "Ask an Airflow administrator" in text
         assert "no tenant shown" in text and "no runs yet" in text
+
+
+@pytest.mark.parametrize("user", list(SEES))
+def test_the_queue_api_shows_each_user_only_their_tenants_entries(server, user):
+    r = httpx.get(f"{server.url}/crosscloud/api/queue", headers={"Authorization": f"Bearer {server.token(user)}"},
+                  timeout=60)
+    assert r.status_code == 200, r.text
+    got = r.json()
+    assert sorted(e["run_id"] for e in got["entries"]) == sorted(QUEUED[t] for t in SEES[user])
+    assert all(e["state"] == "queued" and e["tenant"] in SEES[user] for e in got["entries"])
 
 
 @pytest.mark.parametrize("user", list(SEES))

@@ -41,6 +41,13 @@ def test_a_dag_run_waits_deferred_and_trains_once_its_devices_are_free(dagbag, m
     assert row.state == "done" and row.priority == 2
     assert row.started_at - row.submitted_at >= 5.0  # it waited for the blocker, then started
     assert "starts now" in row.decision and Ledger().active(run_id=run.run_id) == []
+    from crosscloud.tracking.mlflow_runs import Tracker  # MLflow says how long it waited and why it started
+
+    client = Tracker().client
+    exp = client.get_experiment_by_name("cross_cloud_training")
+    [parent] = client.search_runs([exp.experiment_id], f"tags.`crosscloud.run_id` = '{run.run_id}' and "
+                                                        "tags.`crosscloud.level` = 'job'")
+    assert parent.data.metrics["queue_wait_s"] >= 5.0 and parent.data.params["queue.priority"] == "2"
 
 
 RUNNER = ("import sys, json; from crosscloud.core.job import JobSpec; from crosscloud.pipeline.stages import run_job; "

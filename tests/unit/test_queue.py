@@ -77,7 +77,7 @@ def test_entry_and_decision_round_trip_through_the_ledger_rows(ledger):
                                objective="carbon"), "r1", "byte-lm", 10, {"beijing"}, 1000.0)
     assert (e.priority, e.deadline, e.deferrable, e.objective) == (3, 1000.0 + 6 * 3600, True, "carbon")
     queue = Queue(fed, ledger, clock=lambda: 1000.0)
-    row = queue.submit(e).row
+    row = queue.submit(e)
     assert entry_from_row(row, e.request.quota) == e and request_json(e) == row.request
     d = run_pass([e], queue.world([e], 1000.0), 1000.0, queue.network).decisions[e.key]
     assert decision_from_json(decision_json(d)) == d

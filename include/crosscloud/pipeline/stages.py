@@ -102,10 +102,22 @@ def _new_plan(fed: Federation, ref: RunRef, spec: JobSpec, admission: Admission,
     )
 
 
-def _write_plan(fed: Federation, plan: Plan, experiment: str | None, tags: dict[str, str] | None) -> None:
+def _queued(ledger: Ledger, tenant: str, run_id: str) -> dict | None:
+    """How the run waited in the queue, for MLflow; None for a run that did not come through it."""
+    row = ledger.queue.get(tenant, run_id)
+    if row is None or row.started_at is None:
+        return None
+    reason = (json.loads(row.decision) or {}).get("reason", "") if row.decision else ""
+    when = "" if row.deadline is None else time.strftime("%Y-%m-%dT%H:%MZ", time.gmtime(row.deadline))
+    return {"waited_s": row.started_at - row.submitted_at, "priority": row.priority, "deadline": when,
+            "deferrable": row.deferrable, "objective": row.objective, "reason": reason}
+
+
+def _write_plan(fed: Federation, plan: Plan, experiment: str | None, tags: dict[str, str] | None,
+                queued: dict | None = None) -> None:
     """Open the run's MLflow runs (when it is tracked) and store the plan on the local cloud."""
     if experiment:
-        plan.tracking = Tracker().start_job(plan, experiment, tags or {})
+        plan.tracking = Tracker().start_job(plan, experiment, tags or {}, queued)
     plan.save(open_store(fed.local_cloud, plan.tenant))
 
 
@@ -141,7 +153,7 @@ def admit_stage(
     else:
         admission = admit(fed, spec, run_id, program.family, data_bytes, data_at, ledger)
     try:
-        _write_plan(fed, _new_plan(fed, ref, spec, admission, inputs), experiment, tags)
+        _write_plan(fed, _new_plan(fed, ref, spec, admission, inputs), experiment, tags, _queued(ledger, spec.tenant, run_id))
     except BaseException:
         ledger.release(spec.tenant, run_id)  # a run that never got its plan holds no devices
         raise

@@ -67,13 +67,12 @@ class Queue:
         self._entries: dict[tuple[int, float], Entry] = {}  # rows are immutable once submitted: parsed once
 
     # -- entering and leaving -------------------------------------------------------------
-    def submit(self, entry: Entry, holder: str = "") -> Status:
-        """Enter ``entry`` (a run already waiting keeps its place); returns its status."""
+    def submit(self, entry: Entry, holder: str = "") -> QueueRow:
+        """Enter ``entry`` (a run already waiting keeps its place); returns its row."""
         values = {"tenant": entry.tenant, "run_id": entry.run_id, "priority": entry.priority, "deadline": entry.deadline,
                   "deferrable": int(entry.deferrable), "objective": entry.objective, "request": request_json(entry),
                   "runtime_s": entry.runtime_s, "holder": holder}
-        self.ledger.queue.submit(values, self.clock())
-        return self.status(entry.tenant, entry.run_id)
+        return self.ledger.queue.submit(values, self.clock())
 
     def cancel(self, tenant: str, run_id: str, reason: str = "cancelled") -> str:
         """Take a waiting run out of the queue (its waiter then fails and gives back what it wrote); returns what

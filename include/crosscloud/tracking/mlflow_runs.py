@@ -49,8 +49,12 @@ class Tracker:
             return exp.experiment_id
         return self.client.create_experiment(name, artifact_location=f"{artifact_root()}/{name}")
 
-    def start_job(self, plan, experiment: str, tags: dict[str, str]) -> dict:
-        """Create the parent and per-cloud child runs; returns the plan's tracking section."""
+    def start_job(self, plan, experiment: str, tags: dict[str, str], queued: dict | None = None) -> dict:
+        """Create the parent and per-cloud child runs; returns the plan's tracking section.
+
+        ``queued``: how the run waited in the queue (``waited_s``, ``priority``,
+        ``deadline``, ``deferrable``, ``objective``, ``reason``): logged on the parent run.
+        """
         exp_id = self.experiment_id(experiment)
         common = {
             f"{TAG}.tenant": plan.tenant,
@@ -83,6 +87,11 @@ class Tracker:
             **{f"share.{c.name}": c.share for c in plan.clouds},
         }
         self.log_params(pid, params)
+        if queued:
+            self.log_params(pid, {f"queue.{k}": queued[k] for k in ("priority", "deadline", "deferrable", "objective")})
+            self.client.log_metric(pid, "queue_wait_s", queued["waited_s"])
+            self.client.log_text(pid, f"waited {queued['waited_s']:.1f} s in the queue\nstarted: {queued['reason']}\n",
+                                 "queue.txt")
         self.client.log_text(pid, plan.model_dump_json(indent=2), "plan.json")
         verdicts = [f"{c.cloud}/{c.accelerator}: {'CHOSEN' if c.chosen else 'not chosen'} - {c.reason}" for c in plan.candidates]
         self.client.log_text(pid, "\n".join(verdicts) + "\n", "placement.txt")
