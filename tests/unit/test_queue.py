@@ -159,3 +159,16 @@ def test_queue_terms_are_checked_with_the_field_named():
                        ({"deadline": "-1"}, "deadline"), ({"deferrable": True}, "deferrable")]:
         with pytest.raises(JobSpecError, match=f"job parameter {field}"):
             JobSpec(**bad)
+
+
+def test_the_ledger_never_starts_a_run_twice_nor_a_cancelled_one(ledger):
+    fed = embedded()
+    queue = Queue(fed, ledger)
+    row = queue.submit(entry_for(fed, JobSpec(clouds=["beijing"], devices_per_cloud=1), "once", "byte-lm", 0, set(), 0.0))
+    start = (row.id, "team-a", "once", [("beijing", "cpu", 1)], "{}", "test")
+    capacity, quotas = {("beijing", "cpu"): 4}, {"team-a": {"beijing": 4}}
+    assert ledger.start([start, start], capacity, quotas) == [row.id]  # two passes deciding the same start
+    assert sum(r.devices for r in ledger.active()) == 1
+    other = queue.submit(entry_for(fed, JobSpec(clouds=["beijing"], devices_per_cloud=1), "gone", "byte-lm", 0, set(), 0.0))
+    queue.cancel("team-a", "gone")
+    assert ledger.start([(other.id, "team-a", "gone", [("beijing", "cpu", 1)], "{}", "test")], capacity, quotas) == []

@@ -162,7 +162,8 @@ class Ledger:
         ``starts``: (queue id, tenant, run id, parts, decision JSON, holder) as a
         scheduling pass decided them. A run whose parts no longer fit a pool or
         its tenant's quota as the reservations are now (a run admitted
-        meanwhile) is left queued for the next pass: never oversubscribed.
+        meanwhile) is left queued for the next pass: never oversubscribed; a run
+        no longer queued (cancelled, or started already) is never started again.
         """
         lease = lease_s or lease_seconds()
         started = []
@@ -179,11 +180,13 @@ class Ledger:
                     _check(tenant, asked, usage, capacity, quotas.get(tenant, {}))
                 except ReservationError:
                     continue
+                turned = db.execute(sa.update(queue_entries).where(queue_entries.c.id == rid, queue_entries.c.state == "queued")
+                                    .values(state="running", started_at=now, decision=decision, decided_at=now)).rowcount
+                if not turned:  # cancelled, or started by another pass meanwhile: never started twice
+                    continue
                 db.execute(sa.insert(reservations), [
                     {"tenant": tenant, "run_id": run_id, "cloud": c, "accelerator": a, "devices": n, "created_at": now,
                      "holder": holder or default_holder(), "lease_expires_at": now + lease} for (c, a), n in asked.items()])
-                db.execute(sa.update(queue_entries).where(queue_entries.c.id == rid, queue_entries.c.state == "queued")
-                           .values(state="running", started_at=now, decision=decision, decided_at=now))
                 for (c, a), n in asked.items():
                     usage.pools[(c, a)] = usage.pool(c, a) + n
                     usage.tenants[(tenant, c)] = usage.tenant(tenant, c) + n

@@ -124,8 +124,9 @@ def admit(fed: Federation, spec: JobSpec, run_id: str, family: str, data_bytes: 
     if again is not None:  # a retried admission: the ledger gives its devices back
         return again
     queue = queue or Queue(fed, ledger)
-    queue.submit(entry_for(fed, spec, run_id, family, data_bytes, data_at, queue.clock()), holder or default_holder())
-    queue.run_pass()
+    submitted = queue.clock()
+    queue.submit(entry_for(fed, spec, run_id, family, data_bytes, data_at, submitted), holder or default_holder())
+    queue.run_pass(decided_since=(spec.tenant, run_id, submitted))
     status = queue.status(spec.tenant, run_id)
     decision = status.decision
     if status.state == "running":

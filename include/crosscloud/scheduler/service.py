@@ -89,12 +89,14 @@ class Queue:
         self.ledger.queue.touch(tenant, run_id, self.clock())
 
     # -- the pass -------------------------------------------------------------------------
-    def run_pass(self, force: bool = False, blocking: bool = True) -> PassResult | None:
+    def run_pass(self, force: bool = False, blocking: bool = True,
+                 decided_since: tuple[str, str, float] | None = None) -> PassResult | None:
         """One scheduling pass, if the queue changed or the last is ``refresh_s`` old (or ``force``); None when none
         was due. While another host's pass runs it waits, or with ``blocking=False`` leaves it to that one and to
-        the next look: a waiter looks again anyway."""
+        the next look: a waiter looks again anyway. ``decided_since`` (tenant, run id, time): no pass is due if
+        a pass has decided that run since then (the one this call waited for, most often)."""
         with backend.pass_lock(self.ledger.engine, blocking) as taken:
-            if not taken:
+            if not taken or (decided_since is not None and self._decided(*decided_since)):
                 return None
             version, seen, passed_at = self.ledger.queue.version()
             now = self.clock()
@@ -106,6 +108,10 @@ class Queue:
             # its own changes (each bumped the version once) are seen; another host's meanwhile are not
             self.ledger.queue.passed(version + bool(expired) + bool(result.started), now)
             return result
+
+    def _decided(self, tenant: str, run_id: str, since: float) -> bool:
+        row = self.ledger.queue.get(tenant, run_id)
+        return row is not None and (row.state != "queued" or (row.decided_at or -1.0) >= since)
 
     def _decide(self, rows: list[QueueRow], now: float) -> PassResult:
         entries = [self._entry(r) for r in rows]
