@@ -59,7 +59,7 @@ what is known, 1-48 h ahead.
 Last line: ``electricity_cost_reduction_pct=<100 x (1 - crosscloud/unaware)>
 fraction_of_optimal_savings=<(unaware - crosscloud)/(unaware - optimum)>
 deadline_misses=<crosscloud's misses> infeasible_at_arrival=<work crosscloud named infeasible at arrival>``.
-Deadlines are kept by construction (``crosscloud.research.deadlines``); the table gives per policy the misses,
+Deadlines are kept by construction (``crosscloud.scheduler.deadlines``); the table gives per policy the misses,
 the work infeasible at arrival and the misses of work that was feasible.
 """
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from crosscloud.research.deadlines import Guard, Item, witness
+from crosscloud.scheduler.deadlines import Guard, Item, witness
 from crosscloud.research.price_timing import CloudSpec, TrainingJob, account, occupancy, schedule, schedule_rolling
 
 

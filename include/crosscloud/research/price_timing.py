@@ -19,7 +19,7 @@ from typing import Callable, Sequence
 import numpy as np
 
 from crosscloud.energy.power import DEFAULT_PUE, energy_price_per_device_hour
-from crosscloud.research.deadlines import Guard, Item, infeasible_alone, witness
+from crosscloud.scheduler.deadlines import Guard, Item, infeasible_alone, witness
 
 
 @dataclass(frozen=True)
@@ -1092,7 +1092,7 @@ def schedule_rolling(jobs: Sequence[TrainingJob], batches: Sequence[BatchJob], c
     * ``milp_time_limit_s``: bound on each hour's solve; past it, the relaxation's plan is used.
     * ``expect_arrivals``: the plan also holds the work expected in the next 24 h (planned, never run), to keep
       room on the cheap clouds for urgent arrivals.
-    * Deadlines are kept by construction (``research.deadlines``): no decision leaves an admitted deadline with
+    * Deadlines are kept by construction (``scheduler.deadlines``): no decision leaves an admitted deadline with
       no earliest-deadline-first schedule. Work arriving later may pause running work that can still finish in
       time; ``urgent_slack_h`` > 0 (with ``holdback_window_h``) also keeps room for the urgent work the recent
       arrivals measure (off by default: see ``docs/energy-and-grid.md``). Work no schedule could finish in time

@@ -82,7 +82,7 @@ class Decision:
 
     def waits_for(self) -> tuple[tuple[str, str, int], ...]:
         """The devices a reservation holds back from later work."""
-        return self.parts if self.kind in ("reserve", "plan") else ()
+        return self.parts if self.kind == "reserve" else ()  # a plan for a later hour holds nothing now
 
 
 def request_json(entry: Entry) -> str:

@@ -7,7 +7,9 @@ work queued ahead of every entry behind it (``Site.queued_devices``), which
 then starts only where it delays none of them (EASY backfilling). Its cost is
 bounded: at most ``max_scan`` entries that do not start are decided afresh; an
 entry whose earlier decision still holds (it cannot start now) keeps it at the
-price of a few comparisons (none once no device is free).
+price of a few comparisons (none once no device is free). A deferrable run
+with a deadline is planned by ``timing``: deferred to a cheaper or cleaner
+hour when the deadline guard allows, which holds nothing meanwhile.
 
 Nothing here reads a clock or a database: the caller gives ``now`` and the
 ``World``, so the DAGs' admission and the benchmarks run the same pass.
@@ -23,6 +25,7 @@ from crosscloud.pool.placement import Site, TransferTime, Weights, refusal
 from crosscloud.scheduler.decide import decide
 from crosscloud.scheduler.entry import Decision, Entry
 from crosscloud.scheduler.order import FairOrder
+from crosscloud.scheduler.timing import Rates, Timing
 
 Key = tuple[str, str]  # (cloud, accelerator)
 
@@ -85,8 +88,8 @@ class PassResult:
 class _Pass:
     """The state of one pass: the work queued ahead per pool, and the sites built from it."""
 
-    def __init__(self, world: World, now: float, network: TransferTime, weights: Weights):
-        self.world, self.now, self.network, self.weights = world, now, network, weights
+    def __init__(self, world: World, now: float, network: TransferTime, weights: Weights, timing: Timing | None = None):
+        self.world, self.now, self.network, self.weights, self.timing = world, now, network, weights, timing
         self.ahead: dict[Key, list[float]] = {}  # pool -> [device-seconds, devices] of work waiting for it
         self.frees: dict[Key, tuple[tuple[float, int], ...]] = {}
         self.pools: dict[tuple[str, str], list[Key]] = {}  # entry -> the pools it may ever use
@@ -134,21 +137,52 @@ class _Pass:
 
     def start(self, entry: Entry, decision: Decision) -> None:
         self.world.take(entry.tenant, decision.parts, self.now + decision.hold_s)
-        for cloud, accelerator, _ in decision.parts:
+        for cloud, accelerator, n in decision.parts:
             self.frees.pop((cloud, accelerator), None)
+            if self.timing is not None:
+                self.timing.hold((cloud, accelerator), n, self.now + decision.hold_s)
+
+    def timed(self, entry: Entry) -> Decision:
+        """A deferrable run with a deadline: deferred to its cheapest hour if the guard allows, else decided now,
+        on the pools that are cheapest now first."""
+        eligible, timing = self._eligible(entry), self.timing
+        why = timing.infeasible(entry)
+        choice = None if why else timing.choose(entry, eligible)
+        if choice is not None and choice.start > 0 and timing.may_defer(entry, eligible, choice):
+            return timing.plan(entry, choice)
+        sites = self.sites(entry)
+        decision = None
+        if choice is not None and entry.spread is None:
+            cheapest = [s for s in sites if (s.cloud, s.accelerator) in choice.keys]
+            decision = decide(entry, cheapest, self.network, self.weights)
+            decision = decision if decision.kind == "start" else None
+        decision = decision or decide(entry, sites, self.network, self.weights)
+        if why:
+            return replace(decision, reason=f"{why}; it runs as soon as it can: {decision.reason}")
+        if choice is not None and choice.start > 0:  # the guard: waiting would lose a deadline
+            return replace(decision, reason=f"due now (deferring it would leave a deadline without a schedule): "
+                                            f"{decision.reason}")
+        return decision
 
 
 def run_pass(entries: Iterable[Entry], world: World, now: float, network: TransferTime,
              previous: Mapping[tuple[str, str], Decision] | None = None, weights: Weights = Weights(),
-             max_scan: int = 256) -> PassResult:
+             max_scan: int = 256, rates: Rates | None = None) -> PassResult:
     """Decide every entry of the queue at ``now`` (epoch or simulated seconds); see the module docstring.
 
     ``previous``: each entry's decision of the last pass. ``world`` is changed:
-    the devices of the entries that start are taken from it.
+    the devices of the entries that start are taken from it. ``rates``: the
+    hourly prices and carbon that deferrable runs are planned by (``timing``);
+    without them every run is decided as if it were not deferrable.
     """
     previous = previous or {}
+    entries = list(entries)
+    timing = None
+    if rates is not None and any(e.deferrable and e.deadline is not None for e in entries):
+        totals = {(s.cloud, s.accelerator): s.total for sites in world.sites.values() for s in sites}
+        timing = Timing(rates, totals, world.releases, now)
     order = FairOrder(entries, world.held, world.weights)
-    state = _Pass(world, now, network, weights)
+    state = _Pass(world, now, network, weights, timing)
     out = PassResult({}, [])
     scanned = 0
     for entry in order:
@@ -156,17 +190,19 @@ def run_pass(entries: Iterable[Entry], world: World, now: float, network: Transf
             out.unseen = [entry] + order.rest()
             break
         prev = previous.get(entry.key)
-        if prev is not None and prev.kind in ("reserve", "wait") and not (world.any_free() and state.could_start(entry)):
+        timed = timing is not None and entry.deferrable and entry.deadline is not None
+        if not timed and prev is not None and prev.kind in ("reserve", "wait") and not (
+                world.any_free() and state.could_start(entry)):
             decision = prev
         else:
-            decision = decide(entry, state.sites(entry), network, weights)
+            decision = state.timed(entry) if timed else decide(entry, state.sites(entry), network, weights)
             out.decided += 1
             if decision.kind == "start":
                 state.start(entry, decision)
                 order.started(entry.tenant, sum(n for _, _, n in decision.parts))
                 out.started.append((entry, decision))
         out.decisions[entry.key] = decision
-        if decision.kind in ("reserve", "wait"):
+        if decision.kind in ("reserve", "wait", "plan"):
             state.hold_back(decision)
             scanned += 1
     return out

@@ -22,6 +22,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from crosscloud.core.federation import Federation
+from crosscloud.energy.prices import CsvFeed
 from crosscloud.ledger import Ledger, lease_seconds
 from crosscloud.ledger import engine as backend
 from crosscloud.ledger.queue import WAITING
@@ -31,6 +32,8 @@ from crosscloud.pool.placement import TransferTime, Weights
 from crosscloud.scheduler.entry import Decision, Entry, decision_from_json, decision_json, entry_from_row, request_json
 from crosscloud.scheduler.order import ordered
 from crosscloud.scheduler.passes import PassResult, World, run_pass
+from crosscloud.scheduler.prices import federation_rates
+from crosscloud.scheduler.timing import Rates
 from crosscloud.store.network import network
 
 Clock = Callable[[], float]
@@ -58,8 +61,12 @@ class Queue:
     """The federation's one queue, in ``ledger``; ``clock`` is injectable (the tests move it)."""
 
     def __init__(self, fed: Federation, ledger: Ledger, clock: Clock = time.time, max_scan: int = 256,
-                 refresh_s: float = 30.0, weights: Weights = Weights(), net: TransferTime | None = None):
+                 refresh_s: float = 30.0, weights: Weights = Weights(), net: TransferTime | None = None,
+                 rates: Callable[[float], Rates | None] | None = None):
         self.fed, self.ledger, self.clock = fed, ledger, clock
+        self._feed = CsvFeed()
+        # the prices and carbon deferrable runs are planned by: the federation's grids through the feeds
+        self.rates = rates or (lambda now: federation_rates(fed, now, self._feed))
         self.max_scan, self.refresh_s, self.weights = max_scan, refresh_s, weights
         self.network = net or network(fed)
         self.quotas = {t.name: dict(t.quotas) for t in fed.tenants}
@@ -117,8 +124,9 @@ class Queue:
         entries = [self._entry(r) for r in rows]
         world = self.world(entries, now)
         previous = {(r.tenant, r.run_id): decision_from_json(r.decision) for r in rows}
+        rates = self.rates(now) if any(e.deferrable and e.deadline is not None for e in entries) else None
         result = run_pass(entries, world, now, self.network, {k: d for k, d in previous.items() if d},
-                          self.weights, self.max_scan)
+                          self.weights, self.max_scan, rates)
         ids = {(r.tenant, r.run_id): r.id for r in rows}
         capacity = {(c.name, p.accelerator): p.count for c in self.fed.clouds for p in c.pools}
         holders = {r.id: r.holder for r in rows}

@@ -1,0 +1,182 @@
+"""Deferrable runs wait for cheap or clean hours, within their deadlines, and never so long that one is lost.
+
+A run submitted ``deferrable`` with a ``deadline`` is planned by the pass:
+over every pool it may use and every start hour from now to the last one that
+still meets its deadline, the hour and pool where its run costs least by its
+``objective`` (``cost``: rental plus energy at the hourly price; ``carbon``:
+kg CO2 at the hourly intensity; a weight between them mixes the two, each
+measured against its mean). When that is now, it is decided as any run is,
+on that pool first. When it is later, it is deferred (decision ``plan``): it
+holds no device meanwhile, and each pass plans it again with what is known
+then, so a better forecast moves it and a worse one never breaks its deadline:
+
+**The deadline guard.** A run is deferred only if an earliest-deadline-first
+schedule of every deferred run, from the next hour on, each at its earliest
+fit on the devices the running work leaves free, still meets every deadline
+(``deadlines.witness``). Prices never enter that rule, so a wrong forecast
+costs money, never a deadline. A run the schedule cannot defer is decided now.
+A deadline no schedule can meet (the run is longer than the time left) is
+named in the decision's reason, and the run starts as soon as it can.
+
+Prices and carbon come from ``Rates``: the service builds them from the
+federation's grid sections and the price feeds (``energy.prices``: known
+hours, then the seasonal-naive forecast); the benchmarks build them from
+their own price views. A pool without a price is never chosen to wait for.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from crosscloud.core.job import carbon_weight
+from crosscloud.scheduler.deadlines import Item, witness
+from crosscloud.scheduler.entry import Decision, Entry
+
+Key = tuple[str, str]
+MAX_HOURS = 7 * 24  # the farthest a run is planned ahead
+
+
+@dataclass(frozen=True)
+class Rates:
+    """Per pool, USD and kg CO2 of one device-hour for each hour from ``first_hour`` (epoch hours) on."""
+
+    first_hour: int
+    usd: dict[Key, np.ndarray]
+    co2: dict[Key, np.ndarray] = field(default_factory=dict)
+
+
+def occupancy(runtime_h: float) -> np.ndarray:
+    """The share of each hour a run of ``runtime_h`` holds its devices (1, 1, ..., partial)."""
+    n = max(1, math.ceil(runtime_h - 1e-9))
+    occ = np.ones(n)
+    occ[-1] = runtime_h - (n - 1)
+    return occ
+
+
+def window_sums(rate: np.ndarray, occ: np.ndarray) -> np.ndarray:
+    """sums[s] = sum_k occ[k] * rate[s + k], for every start s whose run fits in ``rate``."""
+    if len(rate) < len(occ):
+        return np.zeros(0)
+    return np.convolve(rate, occ[::-1], mode="valid")
+
+
+@dataclass
+class Choice:
+    """The cheapest pools and start hour of a deferrable run, and what it and starting now would cost."""
+
+    keys: tuple[Key, ...]  # one pool (placement auto), or one per cloud (spread: they start together)
+    start: int  # hours from the current one
+    value: float
+    value_now: float
+    usd: float
+    usd_now: float
+    kg: float | None
+    kg_now: float | None
+
+
+def _options(entry: Entry, priced: list[Key]) -> list[tuple[Key, ...]]:
+    """What the run may wait for: each priced pool alone, or for a spread run all its clouds at once."""
+    if entry.spread is None:
+        return [(k,) for k in priced]
+    first: dict[str, Key] = {}
+    for k in priced:
+        first.setdefault(k[0], k)
+    return [tuple(first.values())]
+
+
+class Timing:
+    """One pass's plan of the deferrable runs: their choices and the guard's calendar."""
+
+    def __init__(self, rates: Rates, totals: dict[Key, int], releases: dict[Key, list[tuple[float, int]]], now: float):
+        self.rates, self.now = rates, now
+        self.h0 = int(now // 3600)
+        self.keys = sorted(totals)
+        self.index = {k: i for i, k in enumerate(self.keys)}
+        self.free = np.array([[float(totals[k])] * MAX_HOURS for k in self.keys]).reshape(len(self.keys), MAX_HOURS)
+        for key, got in releases.items():
+            for until, n in got:
+                self.hold(key, n, until)
+        self.items: list[Item] = []
+
+    def hold(self, key: Key, devices: int, until: float) -> None:
+        """``devices`` of pool ``key`` are busy from now until ``until`` (epoch seconds)."""
+        if key in self.index:
+            end = min(MAX_HOURS, max(1, math.ceil((until - self.h0 * 3600) / 3600)))
+            self.free[self.index[key], :end] -= devices
+
+    def _deadline_h(self, entry: Entry) -> float:
+        return (entry.deadline - self.h0 * 3600) / 3600
+
+    def infeasible(self, entry: Entry) -> str:
+        """Why no schedule can meet the run's deadline even started now, or ""."""
+        left = (entry.deadline - self.now) / 3600
+        need = entry.runtime_s / 3600
+        return "" if need <= left else f"its deadline cannot be met: it needs {need:.1f} h and {max(left, 0):.1f} h are left"
+
+    def _devices(self, entry: Entry) -> int:
+        return entry.request.devices if entry.spread is None else entry.spread.per_cloud
+
+    def choose(self, entry: Entry, eligible: list[Key]) -> Choice | None:
+        """The cheapest pools and start within the deadline by the entry's objective; None when none is priced."""
+        occ = occupancy(entry.runtime_s / 3600)
+        last = min(math.floor(self._deadline_h(entry) - entry.runtime_s / 3600 + 1e-9), MAX_HOURS - len(occ))
+        w = carbon_weight(entry.objective)
+        priced = [k for k in eligible if k in self.rates.usd and (w == 0 or k in self.rates.co2)]
+        if not priced or last < 0:
+            return None
+        n = self._devices(entry)
+        usd = {o: sum(window_sums(self.rates.usd[k], occ)[: last + 1] for k in o) * n for o in _options(entry, priced)}
+        kg = {o: sum(window_sums(self.rates.co2[k], occ)[: last + 1] for k in o) * n for o in usd
+              if all(k in self.rates.co2 for k in o)}
+        scale_usd = max(float(np.mean(np.concatenate(list(usd.values())))), 1e-12)
+        scale_kg = max(float(np.mean(np.concatenate(list(kg.values())))), 1e-12) if kg else 1.0
+        best = None
+        for o, cost in usd.items():
+            value = (1 - w) * cost / scale_usd + (w * kg[o] / scale_kg if w else 0.0)
+            s = int(np.argmin(value)) if len(value) else None  # the earliest of equals
+            if s is not None and (best is None or (value[s], s) < (best[0], best[1])):
+                best = (float(value[s]), s, o, float(value[0]))
+        if best is None:
+            return None
+        value, s, o, value_now = best
+        k_o = kg.get(o)
+        return Choice(o, s, value, value_now, float(usd[o][s]), float(usd[o][0]),
+                      None if k_o is None else float(k_o[s]), None if k_o is None else float(k_o[0]))
+
+    def may_defer(self, entry: Entry, eligible: list[Key], choice: Choice) -> bool:
+        """Whether deferring the run leaves an EDF schedule, from the next hour, that meets every deferred deadline."""
+        occ, n = occupancy(entry.runtime_s / 3600), self._devices(entry)
+        if entry.spread is None:
+            clouds = [tuple(self.index[k] for k in eligible if k in self.index)]
+        else:  # each cloud's part, on its own pool (a relaxation of starting them together)
+            clouds = [(self.index[k],) for k in choice.keys if k in self.index]
+        items = [Item(f"{entry.tenant}/{entry.run_id}/{i}", self._deadline_h(entry), c, devices=n, occ=occ)
+                 for i, c in enumerate(clouds)]
+        ok = witness(np.maximum(self.free, 0.0), [*self.items, *items], 1).ok
+        if ok:
+            self.items.extend(items)
+        return ok
+
+    def plan(self, entry: Entry, choice: Choice) -> Decision:
+        """The decision to defer ``entry`` to ``choice``'s hour."""
+        at = (self.h0 + choice.start) * 3600
+        saving = 100 * (1 - choice.value / choice.value_now) if choice.value_now > 0 else 0.0
+        where = ", ".join(sorted({k[0] for k in choice.keys}))
+        n = self._devices(entry)
+        return Decision("plan", f"deferred by {entry.objective} to {_utc(at)} ({choice.start} h from now) on {where}: "
+                        f"{saving:.0f} % less than starting now (USD {choice.usd:.4f} vs {choice.usd_now:.4f}"
+                        f"{_kg(choice)}); every deferred deadline still has a schedule",
+                        tuple((c, a, n) for c, a in choice.keys), at - self.now, planned_at=at, runtime_s=entry.runtime_s)
+
+
+def _utc(t: float) -> str:
+    import time
+
+    return time.strftime("%Y-%m-%d %H:00 UTC", time.gmtime(t))
+
+
+def _kg(c: Choice) -> str:
+    return "" if c.kg is None else f", {c.kg:.3f} vs {c.kg_now:.3f} kg CO2"

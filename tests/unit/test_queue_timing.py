@@ -1,0 +1,129 @@
+"""Deferrable runs in the queue's pass: the cheap (or clean) hour within the deadline, and the deadline guard."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from crosscloud.pool.placement import JobRequest, Site
+from crosscloud.scheduler.entry import Entry
+from crosscloud.scheduler.passes import World, run_pass
+from crosscloud.scheduler.timing import Rates
+
+pytestmark = pytest.mark.queue
+
+H = 3600.0
+NOW = 1000 * H  # on the hour
+
+
+def _entry(run_id, devices=1, runtime_h=2.0, deadline_h=10.0, deferrable=True, objective="cost", at=0.0):
+    req = JobRequest(name=run_id, tenant="t", family="f", devices=devices, runtime_s={"*": runtime_h * H}, splittable=False)
+    return Entry("t", run_id, req, at, deadline=NOW + deadline_h * H, deferrable=deferrable, objective=objective,
+                 runtime_s=runtime_h * H)
+
+
+def _world(devices=4, clouds=("A",)):
+    sites = [Site(c, "gpu", "X", devices, devices, families=frozenset({"f"})) for c in clouds]
+    return World({"f": sites}, {(c, "gpu"): devices for c in clouds}, {})
+
+
+def _rates(usd, co2=None, cloud="A"):
+    out = Rates(int(NOW // H), {(cloud, "gpu"): np.asarray(usd, dtype=float)})
+    if co2 is not None:
+        out.co2[(cloud, "gpu")] = np.asarray(co2, dtype=float)
+    return out
+
+
+def _pass(entries, world, rates, now=NOW):
+    return run_pass(entries, world, now, lambda *a: 0.0, rates=rates)
+
+
+CHEAP_AT_3 = [5, 5, 5, 1, 1, 5, 5, 5, 5, 5, 5, 5] + [5] * 200
+
+
+def test_a_deferrable_run_waits_for_the_cheap_hours_and_an_urgent_one_starts_now():
+    world = _world()
+    result = _pass([_entry("cheap"), _entry("urgent", deferrable=False)], world, _rates(CHEAP_AT_3))
+    plan, urgent = result.decisions[("t", "cheap")], result.decisions[("t", "urgent")]
+    assert plan.kind == "plan" and plan.planned_at == NOW + 3 * H and "deferred by cost" in plan.reason
+    assert urgent.kind == "start"
+    assert world.free[("A", "gpu")] == 3  # the deferred run holds nothing meanwhile
+
+
+def test_at_its_planned_hour_the_run_starts_on_the_cheapest_pool():
+    world = _world(clouds=("A", "B"))
+    rates = Rates(int(NOW // H), {("A", "gpu"): np.full(200, 5.0), ("B", "gpu"): np.full(200, 2.0)})
+    result = _pass([_entry("r")], world, rates)
+    d = result.decisions[("t", "r")]
+    assert d.kind == "start" and d.parts == (("B", "gpu", 1),)
+
+
+def test_the_guard_starts_now_what_could_not_wait_without_losing_a_deadline():
+    # one device; two 2 h runs due by hour 4 both prefer hours 2-3: from hour 1 on, only one of them still fits
+    world = _world(devices=1)
+    a, b = _entry("a", deadline_h=4.0, at=0), _entry("b", deadline_h=4.0, at=1)
+    result = _pass([a, b], world, _rates(CHEAP_AT_3))
+    kinds = {k[1]: d.kind for k, d in result.decisions.items()}
+    assert kinds == {"a": "plan", "b": "start"}
+    assert "due now" in result.decisions[("t", "b")].reason
+
+
+def test_a_deadline_no_schedule_can_meet_is_named_and_the_run_starts_at_once():
+    d = _pass([_entry("late", runtime_h=5.0, deadline_h=3.0)], _world(), _rates(CHEAP_AT_3)).decisions[("t", "late")]
+    assert d.kind == "start" and "its deadline cannot be met: it needs 5.0 h and 3.0 h are left" in d.reason
+
+
+def test_the_carbon_objective_waits_for_the_clean_hours_not_the_cheap_ones():
+    usd = [1, 1, 5, 5, 5, 5, 5, 5, 5, 5, 5, 5] + [5] * 200
+    co2 = [9, 9, 9, 9, 9, 1, 1, 9, 9, 9, 9, 9] + [9] * 200
+    world, rates = _world(), _rates(usd, co2)
+    by_cost = _pass([_entry("c", objective="cost")], _world(), rates).decisions[("t", "c")]
+    by_carbon = _pass([_entry("k", objective="carbon")], world, rates).decisions[("t", "k")]
+    assert by_cost.kind == "start"  # the cheap hours are now
+    assert by_carbon.kind == "plan" and by_carbon.planned_at == NOW + 5 * H and "kg CO2" in by_carbon.reason
+
+
+def test_without_rates_a_deferrable_run_is_decided_like_any_other():
+    d = _pass([_entry("r")], _world(), None).decisions[("t", "r")]
+    assert d.kind == "start"
+
+
+def _price_files(root, cheap: dict[str, int]) -> None:
+    """A year of hourly prices per region at 100 USD/MWh, 10 at each region's ``cheap`` hour of 2023-03-02."""
+    from datetime import datetime, timedelta, timezone
+
+    folder = root / "electricity" / "prices"
+    folder.mkdir(parents=True)
+    start = datetime(2023, 1, 1, tzinfo=timezone.utc)
+    for region in ("DE-LU", "US-CAL-CISO", "SG"):
+        lines = ["Datetime (UTC),Price (USD/MWh)"]
+        for h in range(365 * 24):
+            t = start + timedelta(hours=h)
+            low = region in cheap and (t.month, t.day, t.hour) == (3, 2, cheap[region])
+            lines.append(f"{t:%Y-%m-%d %H:%M:%S}+00:00,{10.0 if low else 100.0}")
+        (folder / f"{region}_2023.csv").write_text("\n".join(lines) + "\n")
+
+
+def test_a_deferrable_run_submitted_through_admission_starts_at_its_cheap_hour(ledger, tmp_path):
+    """The production queue, its prices from the federation's grid regions, and its clock moved by the test."""
+    from datetime import datetime, timezone
+
+    from federations import embedded
+
+    from crosscloud.core.job import JobSpec
+    from crosscloud.energy.prices import CsvFeed
+    from crosscloud.scheduler.admission import NotAdmitted, admit
+    from crosscloud.scheduler.prices import federation_rates
+    from crosscloud.scheduler.service import Queue
+
+    _price_files(tmp_path, {"US-CAL-CISO": 5})  # shanghai's grid is cheap at 05:00
+    fed, now = embedded(), [datetime(2026, 3, 2, tzinfo=timezone.utc).timestamp()]  # day 61: 2 March in 2023 too
+    feed = CsvFeed(tmp_path)
+    queue = Queue(fed, ledger, clock=lambda: now[0], rates=lambda t: federation_rates(fed, t, feed))
+    spec = JobSpec(placement="auto", devices=1, deferrable=True, deadline="12", rounds=2, model_size="tiny")
+    with pytest.raises(NotAdmitted, match=r"deferred by cost to 2026-03-02 05:00 UTC \(5 h from now\) on shanghai"):
+        admit(fed, spec, "night-run", "byte-lm", 0, set(), ledger, queue=queue)
+    assert ledger.active() == []  # it holds nothing while it waits
+    now[0] += 5 * 3600
+    got = admit(fed, spec, "night-run", "byte-lm", 0, set(), ledger, queue=queue)
+    assert [(p.cloud, p.devices) for p in got.parts] == [("shanghai", 1)]
