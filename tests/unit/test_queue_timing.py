@@ -16,7 +16,7 @@ H = 3600.0
 NOW = 1000 * H  # on the hour
 
 
-def _entry(run_id, devices=1, runtime_h=2.0, deadline_h=10.0, deferrable=True, objective="cost", at=0.0):
+def _entry(run_id, devices=1, runtime_h=2.0, deadline_h=10.0, deferrable=True, objective="cost", at=NOW):
     req = JobRequest(name=run_id, tenant="t", family="f", devices=devices, runtime_s={"*": runtime_h * H}, splittable=False)
     return Entry("t", run_id, req, at, deadline=NOW + deadline_h * H, deferrable=deferrable, objective=objective,
                  runtime_s=runtime_h * H)
@@ -58,19 +58,44 @@ def test_at_its_planned_hour_the_run_starts_on_the_cheapest_pool():
     assert d.kind == "start" and d.parts == (("B", "gpu", 1),)
 
 
-def test_the_guard_starts_now_what_could_not_wait_without_losing_a_deadline():
-    # one device; two 2 h runs due by hour 4 both prefer hours 2-3: from hour 1 on, only one of them still fits
+def test_two_runs_that_want_the_same_cheap_hours_do_not_both_plan_for_them():
+    # one device; two 2 h runs due by hour 4 both prefer hours 3-4: only one can wait, and then not for those
     world = _world(devices=1)
-    a, b = _entry("a", deadline_h=4.0, at=0), _entry("b", deadline_h=4.0, at=1)
+    a, b = _entry("a", deadline_h=4.0, at=NOW), _entry("b", deadline_h=4.0, at=NOW + 1)
     result = _pass([a, b], world, _rates(CHEAP_AT_3))
-    kinds = {k[1]: d.kind for k, d in result.decisions.items()}
-    assert kinds == {"a": "plan", "b": "start"}
-    assert "due now" in result.decisions[("t", "b")].reason
+    a_d, b_d = result.decisions[("t", "a")], result.decisions[("t", "b")]
+    assert a_d.kind == "start" and "due now" in a_d.reason  # the guard: EDF from hour 1 cannot fit both
+    assert b_d.kind == "plan" and b_d.planned_at == NOW + 2 * H  # the cheapest hours a's run leaves it
+
+
+def test_the_guard_starts_now_what_no_schedule_from_the_next_hour_could_finish_in_time():
+    from crosscloud.scheduler.timing import Timing
+
+    # one device; a (3 h) and b (1 h) both due by hour 4 and both cheaper later: from hour 1 on only 3 h are left
+    a, b = _entry("a", runtime_h=3.0, deadline_h=4.0), _entry("b", runtime_h=1.0, deadline_h=4.0)
+    timing, keys = Timing(_rates([5, 1, 1, 1] + [5] * 200), {("A", "gpu"): 1}, {}, NOW), [("A", "gpu")]
+    for e in (a, b):
+        timing.admit(e, keys)
+    timing.settle()
+    assert timing.is_due(a) and not timing.is_due(b)  # EDF: a now, b at hour 3
+    d = _pass([a, b], _world(devices=1), _rates([5, 1, 1, 1] + [5] * 200)).decisions
+    assert d[("t", "a")].kind == "start" and "due now" in d[("t", "a")].reason
+    assert d[("t", "b")].kind == "plan"
+
+
+def test_a_run_cheapest_now_waits_if_its_start_would_cost_a_protected_deadline():
+    # one device; "short" (older, so decided first) is cheapest now, but holding the device for hours 0-1 would
+    # leave "urgent" (due by hour 3) no schedule from hour 1: "short" waits, and "urgent" starts
+    short = _entry("short", runtime_h=2.0, deadline_h=20.0, at=NOW)
+    urgent = _entry("urgent", runtime_h=2.0, deadline_h=3.0, at=NOW + 1)
+    d = _pass([short, urgent], _world(devices=1), _rates([1, 2, 2] + [9] * 200)).decisions
+    assert d[("t", "short")].kind == "wait" and "deadline without a schedule" in d[("t", "short")].reason
+    assert d[("t", "urgent")].kind == "start"
 
 
 def test_a_deadline_no_schedule_can_meet_is_named_and_the_run_starts_at_once():
     d = _pass([_entry("late", runtime_h=5.0, deadline_h=3.0)], _world(), _rates(CHEAP_AT_3)).decisions[("t", "late")]
-    assert d.kind == "start" and "its deadline cannot be met: it needs 5.0 h and 3.0 h are left" in d.reason
+    assert d.kind == "start" and "its deadline cannot be met: it needs 5.0 h and had 3.0 h when it was submitted" in d.reason
 
 
 def test_the_carbon_objective_waits_for_the_clean_hours_not_the_cheap_ones():

@@ -109,7 +109,7 @@ class _Pass:
                                queued_devices=int(ahead[1]), frees=self._frees(key)))
         return out
 
-    def _eligible(self, entry: Entry) -> list[Key]:
+    def eligible(self, entry: Entry) -> list[Key]:
         got = self.pools.get(entry.key)
         if got is None:
             got = self.pools[entry.key] = [(s.cloud, s.accelerator) for s in self.world.sites.get(entry.request.family, ())
@@ -119,7 +119,7 @@ class _Pass:
     def could_start(self, entry: Entry) -> bool:
         """Whether ``entry`` might start now: cheap, and never False where ``decide`` would start it."""
         job, rooms = entry.request, []
-        for key in self._eligible(entry):
+        for key in self.eligible(entry):
             room = self.world.room(entry.tenant, key)
             if room >= job.devices or (entry.spread is not None and room > 0):
                 return True
@@ -141,28 +141,39 @@ class _Pass:
             self.frees.pop((cloud, accelerator), None)
             if self.timing is not None:
                 self.timing.hold((cloud, accelerator), n, self.now + decision.hold_s)
+        if self.timing is not None:
+            self.timing.started(entry)
 
     def timed(self, entry: Entry) -> Decision:
-        """A deferrable run with a deadline: deferred to its cheapest hour if the guard allows, else decided now,
-        on the pools that are cheapest now first."""
-        eligible, timing = self._eligible(entry), self.timing
+        """A deferrable run with a deadline: deferred to its cheapest hour unless the deadline guard says it is due,
+        else decided now, on the pools cheapest now first (see ``timing``)."""
+        eligible, timing = self.eligible(entry), self.timing
         why = timing.infeasible(entry)
         choice = None if why else timing.choose(entry, eligible)
-        if choice is not None and choice.start > 0 and timing.may_defer(entry, eligible, choice):
+        due = timing.is_due(entry)
+        if choice is not None and choice.start > 0 and not due:
+            timing.defer(entry, choice)
             return timing.plan(entry, choice)
+        decision = self._now(entry, choice)
+        if decision.kind == "start" and not due and not why and not timing.may_start(entry, decision.parts, decision.hold_s):
+            return Decision("wait", "waits: starting it now would leave a deferred run's deadline without a schedule",
+                            considered=decision.considered)
+        if why:
+            return replace(decision, reason=f"{why}; it runs as soon as it can: {decision.reason}")
+        if due:
+            return replace(decision, reason=f"due now (waiting longer would leave a deadline without a schedule): "
+                                            f"{decision.reason}")
+        return decision
+
+    def _now(self, entry: Entry, choice) -> Decision:
+        """The decision now: on the pools ``choice`` found cheapest first, if it starts there."""
         sites = self.sites(entry)
-        decision = None
         if choice is not None and entry.spread is None:
             cheapest = [s for s in sites if (s.cloud, s.accelerator) in choice.keys]
             decision = decide(entry, cheapest, self.network, self.weights)
-            decision = decision if decision.kind == "start" else None
-        decision = decision or decide(entry, sites, self.network, self.weights)
-        if why:
-            return replace(decision, reason=f"{why}; it runs as soon as it can: {decision.reason}")
-        if choice is not None and choice.start > 0:  # the guard: waiting would lose a deadline
-            return replace(decision, reason=f"due now (deferring it would leave a deadline without a schedule): "
-                                            f"{decision.reason}")
-        return decision
+            if decision.kind == "start":
+                return decision
+        return decide(entry, sites, self.network, self.weights)
 
 
 def run_pass(entries: Iterable[Entry], world: World, now: float, network: TransferTime,
@@ -183,6 +194,11 @@ def run_pass(entries: Iterable[Entry], world: World, now: float, network: Transf
         timing = Timing(rates, totals, world.releases, now)
     order = FairOrder(entries, world.held, world.weights)
     state = _Pass(world, now, network, weights, timing)
+    if timing is not None:  # every waiting deferrable run's deadline is protected; some must start now
+        for e in entries:
+            if e.deferrable and e.deadline is not None:
+                timing.admit(e, state.eligible(e))
+        timing.settle()
     out = PassResult({}, [])
     scanned = 0
     for entry in order:

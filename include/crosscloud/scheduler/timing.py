@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from crosscloud.core.job import carbon_weight
-from crosscloud.scheduler.deadlines import Item, witness
+from crosscloud.scheduler.deadlines import Guard, Item, witness
 from crosscloud.scheduler.entry import Decision, Entry
 
 Key = tuple[str, str]
@@ -46,6 +46,19 @@ class Rates:
     first_hour: int
     usd: dict[Key, np.ndarray]
     co2: dict[Key, np.ndarray] = field(default_factory=dict)
+    # hours from ``known`` on are forecast: a run waits for one only when it is cheaper by more than the
+    # forecast usually misses by there (``band``: USD per device-hour, per pool)
+    known: int = MAX_HOURS
+    band: dict[Key, float] = field(default_factory=dict)
+
+    def expected_usd(self, key: Key) -> np.ndarray:
+        """The pool's USD per device-hour, forecast hours with their usual error on top."""
+        usd = self.usd[key]
+        if key not in self.band or self.known >= len(usd):
+            return usd
+        out = usd.copy()
+        out[max(self.known, 0):] += self.band[key]
+        return out
 
 
 def occupancy(runtime_h: float) -> np.ndarray:
@@ -99,7 +112,10 @@ class Timing:
         for key, got in releases.items():
             for until, n in got:
                 self.hold(key, n, until)
-        self.items: list[Item] = []
+        self.totals = [totals[k] for k in self.keys]
+        self.items: dict[tuple[str, str], list[Item]] = {}  # the protected deadlines: every waiting deferrable run
+        self.due: set[tuple[str, str]] = set()
+        self.planned = np.zeros_like(self.free)  # devices the runs deferred in this pass will take, per hour
 
     def hold(self, key: Key, devices: int, until: float) -> None:
         """``devices`` of pool ``key`` are busy from now until ``until`` (epoch seconds)."""
@@ -111,10 +127,12 @@ class Timing:
         return (entry.deadline - self.h0 * 3600) / 3600
 
     def infeasible(self, entry: Entry) -> str:
-        """Why no schedule can meet the run's deadline even started now, or ""."""
-        left = (entry.deadline - self.now) / 3600
+        """Why no schedule could meet the run's deadline even had it started when it was submitted, or ""."""
+        left = (entry.deadline - entry.submitted_at) / 3600
         need = entry.runtime_s / 3600
-        return "" if need <= left else f"its deadline cannot be met: it needs {need:.1f} h and {max(left, 0):.1f} h are left"
+        if need <= left + 1e-6:
+            return ""
+        return f"its deadline cannot be met: it needs {need:.1f} h and had {max(left, 0):.1f} h when it was submitted"
 
     def _devices(self, entry: Entry) -> int:
         return entry.request.devices if entry.spread is None else entry.spread.per_cloud
@@ -128,14 +146,15 @@ class Timing:
         if not priced or last < 0:
             return None
         n = self._devices(entry)
-        usd = {o: sum(window_sums(self.rates.usd[k], occ)[: last + 1] for k in o) * n for o in _options(entry, priced)}
+        usd = {o: sum(window_sums(self.rates.expected_usd(k), occ)[: last + 1] for k in o) * n + self._full(o, n, occ, last)
+               for o in _options(entry, priced)}
         kg = {o: sum(window_sums(self.rates.co2[k], occ)[: last + 1] for k in o) * n for o in usd
               if all(k in self.rates.co2 for k in o)}
-        scale_usd = max(float(np.mean(np.concatenate(list(usd.values())))), 1e-12)
-        scale_kg = max(float(np.mean(np.concatenate(list(kg.values())))), 1e-12) if kg else 1.0
+        scale_usd, scale_kg = _scale(usd.values()), _scale(kg.values())
         best = None
         for o, cost in usd.items():
             value = (1 - w) * cost / scale_usd + (w * kg[o] / scale_kg if w else 0.0)
+            value[~np.isfinite(cost)] = np.inf
             s = int(np.argmin(value)) if len(value) else None  # the earliest of equals
             if s is not None and (best is None or (value[s], s) < (best[0], best[1])):
                 best = (float(value[s]), s, o, float(value[0]))
@@ -146,19 +165,71 @@ class Timing:
         return Choice(o, s, value, value_now, float(usd[o][s]), float(usd[o][0]),
                       None if k_o is None else float(k_o[s]), None if k_o is None else float(k_o[0]))
 
-    def may_defer(self, entry: Entry, eligible: list[Key], choice: Choice) -> bool:
-        """Whether deferring the run leaves an EDF schedule, from the next hour, that meets every deferred deadline."""
+    def _full(self, option: tuple[Key, ...], devices: int, occ: np.ndarray, last: int) -> np.ndarray:
+        """0 for each start (0 .. last) where the running runs and the runs planned before this one leave
+        ``option`` room, inf elsewhere: a run never plans for hours that others have taken already."""
+        out = np.zeros(last + 1)
+        for k in option:
+            if k not in self.index:
+                continue
+            room = self.free[self.index[k]] - self.planned[self.index[k]]
+            ok = np.ones(last + 1, dtype=bool)
+            for j, o in enumerate(occ):
+                ok &= room[j: j + last + 1] >= devices * o - 1e-9
+            out[~ok] = np.inf
+        return out
+
+    def admit(self, entry: Entry, eligible: list[Key]) -> None:
+        """``entry`` waits: its deadline is protected (unless no schedule could ever meet it)."""
+        if self.infeasible(entry):
+            return
         occ, n = occupancy(entry.runtime_s / 3600), self._devices(entry)
+        pools = [self.index[k] for k in eligible if k in self.index]
         if entry.spread is None:
-            clouds = [tuple(self.index[k] for k in eligible if k in self.index)]
-        else:  # each cloud's part, on its own pool (a relaxation of starting them together)
-            clouds = [(self.index[k],) for k in choice.keys if k in self.index]
-        items = [Item(f"{entry.tenant}/{entry.run_id}/{i}", self._deadline_h(entry), c, devices=n, occ=occ)
-                 for i, c in enumerate(clouds)]
-        ok = witness(np.maximum(self.free, 0.0), [*self.items, *items], 1).ok
-        if ok:
-            self.items.extend(items)
-        return ok
+            parts = [tuple(pools)]
+        else:  # each cloud's part on the first of its pools (a relaxation of starting them together)
+            first: dict[str, int] = {}
+            for k in eligible:
+                if k in self.index:
+                    first.setdefault(k[0], self.index[k])
+            parts = [(i,) for i in first.values()]
+        self.items[entry.key] = [Item(f"{entry.tenant}/{entry.run_id}/{i}", self._deadline_h(entry), c, devices=n,
+                                      occ=occ) for i, c in enumerate(parts)]
+
+    def _all(self, without: tuple[str, str] | None = None) -> list[Item]:
+        return [i for key, items in self.items.items() if key != without for i in items]
+
+    def settle(self) -> None:
+        """Which runs must start now for every protected deadline to keep a schedule from the next hour on."""
+        used = np.array([[float(t)] for t in self.totals]) - self.free
+        due = Guard(np.array(self.totals, dtype=float)).due_now(np.maximum(used, 0.0), self._all(), 0)
+        names = set(due.starts)
+        self.due = {key for key, items in self.items.items() if any(i.name in names for i in items)}
+
+    def is_due(self, entry: Entry) -> bool:
+        return entry.key in self.due
+
+    def may_start(self, entry: Entry, parts, hold_s: float) -> bool:
+        """Whether starting ``entry`` now on ``parts`` leaves every other protected deadline a schedule."""
+        trial = self.free.copy()
+        end = min(MAX_HOURS, max(1, math.ceil((self.now + hold_s - self.h0 * 3600) / 3600)))
+        for cloud, accelerator, n in parts:
+            if (cloud, accelerator) in self.index:
+                trial[self.index[(cloud, accelerator)], :end] -= n
+        others = self._all(without=entry.key)
+        if witness(np.maximum(trial, 0.0), others, 1).ok:
+            return True
+        return not witness(np.maximum(self.free, 0.0), others, 1).ok  # already lost without it: it changes nothing
+
+    def started(self, entry: Entry) -> None:
+        self.items.pop(entry.key, None)
+
+    def defer(self, entry: Entry, choice: Choice) -> None:
+        """``entry`` waits for ``choice``: the runs planned after it in this pass leave it those hours."""
+        occ, n = occupancy(entry.runtime_s / 3600), self._devices(entry)
+        for k in choice.keys:
+            if k in self.index:
+                self.planned[self.index[k], choice.start:choice.start + len(occ)] += n * occ
 
     def plan(self, entry: Entry, choice: Choice) -> Decision:
         """The decision to defer ``entry`` to ``choice``'s hour."""
@@ -170,6 +241,13 @@ class Timing:
                         f"{saving:.0f} % less than starting now (USD {choice.usd:.4f} vs {choice.usd_now:.4f}"
                         f"{_kg(choice)}); every deferred deadline still has a schedule",
                         tuple((c, a, n) for c, a in choice.keys), at - self.now, planned_at=at, runtime_s=entry.runtime_s)
+
+
+def _scale(values) -> float:
+    """The mean of the finite values (a unit for mixing cost and carbon), never 0."""
+    got = np.concatenate(list(values)) if values else np.zeros(0)
+    got = got[np.isfinite(got)]
+    return max(float(got.mean()), 1e-12) if len(got) else 1.0
 
 
 def _utc(t: float) -> str:
