@@ -5,7 +5,10 @@ name. The clouds are reached as a multi-host deployment must reach them: ssh
 (the tests' real sshd) and S3 stores (moto servers); the ledger is a
 PostgreSQL database of its own. A cloud is drained from a third "host" (an
 operator's shell) before the run; a worker is killed, with every process it
-started, while it runs a task of the run.
+started, while it runs a task of the run. Then three runs that each need the
+whole of one cloud are triggered at once: they wait in the queue deferred on
+the triggerer and start one at a time, in the order they were submitted,
+whichever worker admits them.
 """
 
 from __future__ import annotations
@@ -70,7 +73,7 @@ def deployment(tmp_path_factory, postgres, s3_servers, ssh_server):
     env = {"CROSSCLOUD_LEDGER_URL": postgres.create_database("ledger_multihost"),
            "MLFLOW_TRACKING_URI": postgres.create_database("mlflow_multihost"),
            "CROSSCLOUD_MLFLOW_ARTIFACTS": (root / "mlartifacts").as_uri(),
-           "CROSSCLOUD_FEDERATION": str(fed_path), **conns}
+           "CROSSCLOUD_FEDERATION": str(fed_path), "CROSSCLOUD_QUEUE_POLL_S": "2", **conns}
     cluster = CeleryDeployment(root, postgres.create_database("airflow_multihost"), redis.url, env)
     try:
         cluster.start()
@@ -144,3 +147,27 @@ def test_a_run_survives_a_dead_worker_and_sees_a_drain_from_another_host(deploym
     # every device the run reserved was given back, whichever host's cleanup did it
     assert ledger.active(run_id=run_id) == []
     assert any(e.run_id == run_id and e.kind == "released" for e in ledger.events(run_id=run_id))
+
+
+def test_queued_runs_start_one_at_a_time_in_queue_order_across_workers(deployment):
+    import sqlalchemy as sa
+
+    cluster, _ = deployment
+    ledger = Ledger(cluster.shared["CROSSCLOUD_LEDGER_URL"])
+    conf = {**CONF, "rounds": 1, "clouds": ["beijing"], "placement": "auto", "devices": 4}  # all of beijing
+    runs = []
+    for _ in range(3):
+        runs.append(cluster.trigger(DAG_ID, conf))
+        time.sleep(1.0)  # submitted in this order (a run enters the queue when its admit task runs)
+    states = {run_id: cluster.wait(DAG_ID, run_id, timeout_s=1200)["state"] for run_id in runs}
+    assert set(states.values()) == {"success"}, f"{states}; see {cluster.root}"
+    rows = sorted((ledger.queue.get("team-a", run_id) for run_id in runs), key=lambda r: r.submitted_at)
+    assert [r.state for r in rows] == ["done"] * 3
+    for earlier, later in zip(rows, rows[1:]):  # one at a time, in queue order: never two holding beijing
+        assert later.started_at >= earlier.ended_at - 1e-3, (earlier, later)
+    with ledger.engine.connect() as db:  # each started once: one reservation row per run, never a second
+        counts = dict(db.execute(sa.text("SELECT run_id, count(*) FROM reservations WHERE run_id IN :ids GROUP BY run_id")
+                                 .bindparams(sa.bindparam("ids", expanding=True)), {"ids": runs}).all())
+    assert counts == {run_id: 1 for run_id in runs}
+    admitted_on = {cluster.tries(DAG_ID, r, "admit")[-1]["hostname"] for r in runs}
+    assert admitted_on <= set(WORKERS)

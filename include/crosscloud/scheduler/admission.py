@@ -129,10 +129,10 @@ def admit(fed: Federation, spec: JobSpec, run_id: str, family: str, data_bytes: 
     queue.run_pass(decided_since=(spec.tenant, run_id, submitted))
     status = queue.status(spec.tenant, run_id)
     decision = status.decision
-    if status.state == "running":
+    if status.state == "running":  # its lease was taken just now: no renewal needed
+        parts = [Part(r.cloud, r.accelerator, r.devices) for r in ledger.active(spec.tenant, run_id)]
         considered = [Considered(*c) for c in decision.considered] if decision else []
-        got = _admitted(ledger, spec.tenant, run_id, "")
-        return Admission(got.parts, considered or got.considered)
+        return Admission(parts, considered or [Considered(p.cloud, p.accelerator, True, "") for p in parts])
     if decision is not None and decision.kind == "never":
         queue.ledger.queue.end(spec.tenant, run_id, "refused", decision.reason, queue.clock())
         raise PlacementError(decision.reason)

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 from crosscloud.core.federation import Federation
 from crosscloud.energy.prices import CsvFeed
-from crosscloud.ledger import Ledger, lease_seconds
+from crosscloud.ledger import Ledger, Usage, lease_seconds
 from crosscloud.ledger import engine as backend
 from crosscloud.ledger.queue import WAITING
 from crosscloud.ledger.records import QueueRow
@@ -153,14 +153,18 @@ class Queue:
 
     def world(self, entries: list[Entry], now: float) -> World:
         """The pools as the pass sees them now: free devices, quotas left, expected releases, each tenant's use."""
-        usage = self.ledger.usage()
+        active = self.ledger.active()
+        usage = Usage({}, {})
+        for r in active:
+            usage.pools[(r.cloud, r.accelerator)] = usage.pool(r.cloud, r.accelerator) + r.devices
+            usage.tenants[(r.tenant, r.cloud)] = usage.tenant(r.tenant, r.cloud) + r.devices
         inventory = before_admission(self.fed, self.ledger).with_usage(usage)
         sites = {f: inventory.sites(f) for f in {e.request.family for e in entries}}
         free = {(c.name, p.accelerator): p.free for c in inventory.clouds for p in c.pools}
         ends = {(r.tenant, r.run_id): (r.started_at or now) + r.runtime_s
                 for r in self.ledger.queue.rows(("running",)) if r.runtime_s > 0}
         releases: dict[tuple[str, str], list[tuple[float, int]]] = {}
-        for res in self.ledger.active():
+        for res in active:
             end = ends.get((res.tenant, res.run_id))
             if end is not None:  # a run admitted before the queue, or of unknown length, frees nothing known
                 releases.setdefault((res.cloud, res.accelerator), []).append((max(end, now + 60.0), res.devices))
