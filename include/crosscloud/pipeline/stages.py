@@ -130,13 +130,14 @@ def admit_stage(
     init: bytes | None = None,
     wait: bool = False,
     log: Log = print,
+    wait_s: float | None = None,
 ) -> RunRef:
     """Admit the run (it enters the queue; once a pass starts it, its devices are reserved), give clouds shares
     and shards, write the plan, open MLflow runs.
 
     Raises ``NotAdmitted`` while the run waits in the queue (unless ``wait``: then
-    it waits here, saying its position) and ``PlacementError`` when no cloud
-    could ever take it.
+    it waits here, saying its position, for at most ``wait_s`` if given) and
+    ``PlacementError`` when no cloud could ever take it.
     """
     validate_name(run_id, "run id")
     federation_path = str(resolve_federation_path(federation_path))
@@ -149,7 +150,7 @@ def admit_stage(
     ledger = Ledger()
     data_bytes, data_at = sum(r.size for r in inputs.shards), _holders(fed, spec.tenant, inputs.shards)
     if wait:
-        admission = admit_waiting(fed, spec, run_id, program.family, data_bytes, data_at, ledger, log)
+        admission = admit_waiting(fed, spec, run_id, program.family, data_bytes, data_at, ledger, log, timeout_s=wait_s)
     else:
         admission = admit(fed, spec, run_id, program.family, data_bytes, data_at, ledger)
     try:
@@ -251,9 +252,11 @@ def _baseline(plan: Plan, experiment: str | None, log: Log) -> dict | None:
             log(f"baseline: MLflow run {found['run_id']} ({found['iteration_time_s'] * 1000:.1f} ms/step)")
             return {"source": "mlflow", **found}
     spec = baseline.calibration_spec(plan)
-    log(f"baseline: none recorded for key {key}; calibrating {spec.rounds} single-cluster rounds on {spec.clouds[0]}")
+    log(f"baseline: none recorded for key {key}; calibrating {spec.rounds} single-cluster rounds on {spec.clouds[0]}, "
+        f"waiting in the queue at priority {spec.priority} for at most {baseline.CALIBRATION_WAIT_S:.0f} s")
     try:
-        summary = run_job(spec, f"{plan.run_id}.baseline", plan.federation_path, experiment, log=log)
+        summary = run_job(spec, f"{plan.run_id}.baseline", plan.federation_path, experiment, log=log,
+                          wait_s=baseline.CALIBRATION_WAIT_S)
     except (PlacementError, NotAdmitted) as exc:
         log(f"baseline: no calibration run ({exc}); the run is reported without a gap")
         return None
@@ -420,16 +423,17 @@ def _aggregate(ref: RunRef, fed: Federation, plan: Plan, handles: list[Handle], 
 
 def run_job(spec: JobSpec, run_id: str, federation_path: str | None = None, experiment: str | None = None,
             log: Log = print, compare_baseline: bool = True, tags: dict[str, str] | None = None,
-            init: bytes | None = None, wait: bool = True) -> dict:
+            init: bytes | None = None, wait: bool = True, wait_s: float | None = None) -> dict:
     """All stages in this process, through the engine backends: for benchmarks, calibration and retraining.
 
     The run waits in the queue like any other (``wait=False``: it fails at once
-    with ``NotAdmitted`` instead). However it ends - an error, Ctrl-C, SIGTERM -
+    with ``NotAdmitted`` instead; ``wait_s``: after that long). However it ends - an error, Ctrl-C, SIGTERM -
     its sub-tasks are stopped and its devices given back.
     """
     with terminate_as_interrupt():
         ref = admit_stage(spec, run_id, federation_path, experiment,
-                          tags={"crosscloud.launcher": "engine", **(tags or {})}, init=init, wait=wait, log=log)
+                          tags={"crosscloud.launcher": "engine", **(tags or {})}, init=init, wait=wait, log=log,
+                          wait_s=wait_s)
         handles: list[Handle] = []
         try:
             preheat_stage(ref)

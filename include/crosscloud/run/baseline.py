@@ -15,6 +15,9 @@ import json
 from crosscloud.core.job import JobSpec
 
 CALIBRATION_ROUNDS = 3
+# a calibration runs inside its run's last task, which holds a worker slot: it waits that long in the queue, ahead
+# of the runs of its own priority (it is short), then the run is reported without a gap, saying why
+CALIBRATION_WAIT_S = 300.0
 
 
 def baseline_key(plan) -> str:
@@ -52,6 +55,9 @@ def calibration_spec(plan) -> JobSpec:
         clouds=[plan.coordinator_cloud],
         devices_per_cloud=sum(c.devices for c in plan.clouds),
         rounds=min(plan.spec.rounds, CALIBRATION_ROUNDS),
+        priority=plan.spec.priority + 1,
+        deferrable=False,
+        deadline="",
     )
 
 
