@@ -152,3 +152,8 @@ def test_a_deferrable_run_submitted_through_admission_starts_at_its_cheap_hour(l
     now[0] += 5 * 3600
     got = admit(fed, spec, "night-run", "byte-lm", 0, set(), ledger, queue=queue)
     assert [(p.cloud, p.devices) for p in got.parts] == [("shanghai", 1)]
+    from crosscloud.scheduler.entry import decision_from_json
+
+    started = decision_from_json(ledger.queue.get("team-a", "night-run").decision)
+    # it saved the energy of 90 USD/MWh on one device for its run, against starting when first planned
+    assert started.first_cost[0] > started.first_cost[0] - started.saved[0] > 0 and started.saved[0] > 0

@@ -107,10 +107,12 @@ def _queued(ledger: Ledger, tenant: str, run_id: str) -> dict | None:
     row = ledger.queue.get(tenant, run_id)
     if row is None or row.started_at is None:
         return None
-    reason = (json.loads(row.decision) or {}).get("reason", "") if row.decision else ""
+    decision = (json.loads(row.decision) or {}) if row.decision else {}
     when = "" if row.deadline is None else time.strftime("%Y-%m-%dT%H:%MZ", time.gmtime(row.deadline))
+    saved = decision.get("saved") or (None, None)
     return {"waited_s": row.started_at - row.submitted_at, "priority": row.priority, "deadline": when,
-            "deferrable": row.deferrable, "objective": row.objective, "reason": reason}
+            "deferrable": row.deferrable, "objective": row.objective, "reason": decision.get("reason", ""),
+            "saved_usd": saved[0], "saved_kg_co2": saved[1]}
 
 
 def _write_plan(fed: Federation, plan: Plan, experiment: str | None, tags: dict[str, str] | None,

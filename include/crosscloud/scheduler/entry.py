@@ -73,6 +73,9 @@ class Decision:
     position: int = 0  # 1 = first in line
     runtime_s: float = 0.0  # how long its parts run once started (the option's run time)
     transfer_bytes: int = 0  # data moved to clouds that lack it before it runs (``expected_start_s`` of a start)
+    # a deferrable run: (USD, kg CO2 or None) had it started when first planned, and, once started, what it saved
+    first_cost: tuple[float, float | None] | None = None
+    saved: tuple[float, float | None] | None = None
 
     @property
     def hold_s(self) -> float:
@@ -111,7 +114,8 @@ def entry_from_row(row, quota: dict[str, int] | None) -> Entry:
 def decision_json(d: Decision) -> str:
     return json.dumps({"kind": d.kind, "reason": d.reason, "parts": [list(p) for p in d.parts],
                        "expected_start_s": d.expected_start_s, "planned_at": d.planned_at, "runtime_s": d.runtime_s,
-                       "transfer_bytes": d.transfer_bytes, "considered": [list(c) for c in d.considered]})
+                       "transfer_bytes": d.transfer_bytes, "considered": [list(c) for c in d.considered],
+                       "first_cost": d.first_cost, "saved": d.saved})
 
 
 def decision_from_json(text: str | None) -> Decision | None:
@@ -120,4 +124,6 @@ def decision_from_json(text: str | None) -> Decision | None:
     raw = json.loads(text)
     raw["parts"] = tuple(tuple(p) for p in raw["parts"])
     raw["considered"] = tuple(tuple(c) for c in raw.get("considered", ()))
+    for field_ in ("first_cost", "saved"):
+        raw[field_] = tuple(raw[field_]) if raw.get(field_) is not None else None
     return Decision(**raw)

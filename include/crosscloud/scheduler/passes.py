@@ -144,26 +144,30 @@ class _Pass:
         if self.timing is not None:
             self.timing.started(entry)
 
-    def timed(self, entry: Entry) -> Decision:
+    def timed(self, entry: Entry, prev: Decision | None = None) -> Decision:
         """A deferrable run with a deadline: deferred to its cheapest hour unless the deadline guard says it is due,
-        else decided now, on the pools cheapest now first (see ``timing``)."""
+        else decided now, on the pools cheapest now first (see ``timing``). Its cost had it started when first
+        planned is carried from ``prev``, so a start says what waiting saved."""
         eligible, timing = self.eligible(entry), self.timing
         why = timing.infeasible(entry)
         choice = None if why else timing.choose(entry, eligible)
+        first = prev.first_cost if prev is not None and prev.first_cost else (
+            (choice.usd_now, choice.kg_now) if choice is not None else None)
         due = timing.is_due(entry)
         if choice is not None and choice.start > 0 and not due:
             timing.defer(entry, choice)
-            return timing.plan(entry, choice)
+            return replace(timing.plan(entry, choice), first_cost=first)
         decision = self._now(entry, choice)
         if decision.kind == "start" and not due and not why and not timing.may_start(entry, decision.parts, decision.hold_s):
             return Decision("wait", "waits: starting it now would leave a deferred run's deadline without a schedule",
-                            considered=decision.considered)
+                            considered=decision.considered, first_cost=first)
         if why:
-            return replace(decision, reason=f"{why}; it runs as soon as it can: {decision.reason}")
-        if due:
-            return replace(decision, reason=f"due now (waiting longer would leave a deadline without a schedule): "
-                                            f"{decision.reason}")
-        return decision
+            decision = replace(decision, reason=f"{why}; it runs as soon as it can: {decision.reason}")
+        elif due:
+            decision = replace(decision, reason=f"due now (waiting longer would leave a deadline without a schedule): "
+                                                f"{decision.reason}")
+        return replace(decision, first_cost=first, saved=_saved(first, timing.cost_now(entry, decision.parts))
+                       if decision.kind == "start" else None)
 
     def _now(self, entry: Entry, choice) -> Decision:
         """The decision now: on the pools ``choice`` found cheapest first, if it starts there."""
@@ -174,6 +178,14 @@ class _Pass:
             if decision.kind == "start":
                 return decision
         return decide(entry, sites, self.network, self.weights)
+
+
+def _saved(first, now) -> tuple[float, float | None] | None:
+    """What starting now saves against starting when first planned: USD, and kg CO2 where both are known."""
+    if first is None or now is None:
+        return None
+    kg = first[1] - now[1] if first[1] is not None and now[1] is not None else None
+    return first[0] - now[0], kg
 
 
 def run_pass(entries: Iterable[Entry], world: World, now: float, network: TransferTime,
@@ -211,7 +223,7 @@ def run_pass(entries: Iterable[Entry], world: World, now: float, network: Transf
                 world.any_free() and state.could_start(entry)):
             decision = prev
         else:
-            decision = state.timed(entry) if timed else decide(entry, state.sites(entry), network, weights)
+            decision = state.timed(entry, prev) if timed else decide(entry, state.sites(entry), network, weights)
             out.decided += 1
             if decision.kind == "start":
                 state.start(entry, decision)

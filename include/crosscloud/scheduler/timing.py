@@ -231,6 +231,17 @@ class Timing:
             if k in self.index:
                 self.planned[self.index[k], choice.start:choice.start + len(occ)] += n * occ
 
+    def cost_now(self, entry: Entry, parts) -> tuple[float, float | None] | None:
+        """USD and kg CO2 (None without a carbon signal) of running ``entry`` from now on ``parts``; None unpriced."""
+        occ = occupancy(entry.runtime_s / 3600)
+        keys = [(c, a, n) for c, a, n in parts if (c, a) in self.rates.usd]
+        if len(keys) != len(parts):
+            return None
+        usd = sum(float(window_sums(self.rates.usd[(c, a)], occ)[0]) * n for c, a, n in keys)
+        if not all((c, a) in self.rates.co2 for c, a, _ in keys):
+            return usd, None
+        return usd, sum(float(window_sums(self.rates.co2[(c, a)], occ)[0]) * n for c, a, n in keys)
+
     def plan(self, entry: Entry, choice: Choice) -> Decision:
         """The decision to defer ``entry`` to ``choice``'s hour."""
         at = (self.h0 + choice.start) * 3600

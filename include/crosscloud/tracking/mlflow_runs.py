@@ -53,7 +53,8 @@ class Tracker:
         """Create the parent and per-cloud child runs; returns the plan's tracking section.
 
         ``queued``: how the run waited in the queue (``waited_s``, ``priority``,
-        ``deadline``, ``deferrable``, ``objective``, ``reason``): logged on the parent run.
+        ``deadline``, ``deferrable``, ``objective``, ``reason``, and for a deferred
+        run ``saved_usd`` and ``saved_kg_co2``): logged on the parent run.
         """
         exp_id = self.experiment_id(experiment)
         common = {
@@ -90,6 +91,9 @@ class Tracker:
         if queued:
             self.log_params(pid, {f"queue.{k}": queued[k] for k in ("priority", "deadline", "deferrable", "objective")})
             self.client.log_metric(pid, "queue_wait_s", queued["waited_s"])
+            for key in ("saved_usd", "saved_kg_co2"):  # a deferrable run: against starting when first planned
+                if queued.get(key) is not None:
+                    self.client.log_metric(pid, f"queue_{key}", queued[key])
             self.client.log_text(pid, f"waited {queued['waited_s']:.1f} s in the queue\nstarted: {queued['reason']}\n",
                                  "queue.txt")
         self.client.log_text(pid, plan.model_dump_json(indent=2), "plan.json")
