@@ -172,3 +172,29 @@ def test_the_ledger_never_starts_a_run_twice_nor_a_cancelled_one(ledger):
     other = queue.submit(entry_for(fed, JobSpec(clouds=["beijing"], devices_per_cloud=1), "gone", "byte-lm", 0, set(), 0.0))
     queue.cancel("team-a", "gone")
     assert ledger.start([(other.id, "team-a", "gone", [("beijing", "cpu", 1)], "{}", "test")], capacity, quotas) == []
+
+
+def test_the_queue_command_lists_explains_and_cancels_a_tenant_s_runs(tmp_path, monkeypatch, capsys):
+    import json
+
+    from crosscloud import cli
+    from crosscloud.ledger import Ledger
+
+    monkeypatch.setenv("CROSSCLOUD_LEDGER_URL", f"sqlite:///{tmp_path / 'cli-ledger.sqlite'}")
+    fed, ledger = embedded(), Ledger()
+    _run(fed, ledger, "holder", clouds=["beijing"], devices_per_cloud=4)
+    for tenant, run_id in (("team-a", "a-waits"), ("team-b", "b-waits")):
+        with pytest.raises(NotAdmitted):
+            _run(fed, ledger, run_id, tenant=tenant, clouds=["beijing"], placement="auto", devices=2)
+    assert cli.main(["queue", "--tenant", "team-b", "--json"]) == 0
+    rows = json.loads(capsys.readouterr().out)
+    # team-b holds nothing and team-a holds beijing: by fair share, team-b's newer run goes first
+    assert [(r["run_id"], r["state"], r["position"], r["decision"]) for r in rows] == [("b-waits", "queued", 1, "reserve")]
+    assert cli.main(["queue", "explain", "--tenant", "team-a", "--run-id", "a-waits"]) == 0
+    out = capsys.readouterr().out
+    assert "run a-waits of team-a: queued, position 2" in out and "why: reserved 2 x cpu on beijing" in out
+    assert cli.main(["queue", "cancel", "--tenant", "team-a", "--run-id", "a-waits"]) == 0
+    assert "cancelled while waiting" in capsys.readouterr().out
+    assert ledger.queue.get("team-a", "a-waits").state == "cancelled"
+    with pytest.raises(SystemExit, match="name the run's tenant with one --tenant"):
+        cli.main(["queue", "cancel", "--run-id", "a-waits"])
