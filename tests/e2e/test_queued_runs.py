@@ -3,11 +3,13 @@ submitted at once beyond capacity start in the order of the queue."""
 
 from __future__ import annotations
 
+import copy
 import os
 import subprocess
 import sys
 import threading
 import time
+from contextlib import contextmanager
 
 import pytest
 
@@ -27,19 +29,45 @@ def _hold_beijing(run_id: str) -> None:
     admit(load_federation(), JobSpec(clouds=["beijing"], devices_per_cloud=4), run_id, "byte-lm", 0, set(), Ledger())
 
 
+@contextmanager
+def _params_restored(dag):
+    """``dag.test(run_conf=...)`` writes the conf into the DAG's and its tasks' own Param objects (Airflow merges
+    them in place): put them back, so later runs of the session's DAG get their defaults."""
+    holders = [dag.params] + [t.params for t in dag.tasks if t.params]  # each task has Param objects of its own
+    saved = [(h, {k: copy.deepcopy(h.get_param(k).value) for k in h.keys()}) for h in holders]
+    try:
+        yield dag
+    finally:
+        for h, values in saved:
+            for k, v in values.items():
+                h.get_param(k).value = v
+
+
 def test_a_dag_run_waits_deferred_and_trains_once_its_devices_are_free(dagbag, monkeypatch):
     monkeypatch.setenv("CROSSCLOUD_QUEUE_POLL_S", "1")
     _hold_beijing("queue-blocker")
-    freed = threading.Timer(8.0, lambda: Ledger().release("team-a", "queue-blocker"))
-    freed.start()
+    stop = threading.Event()
+
+    def free_once_it_waits() -> None:  # the blocker ends 5 s after the DAG run is seen waiting in the queue
+        while not stop.is_set():
+            if any(r.run_id != "queue-blocker" for r in Ledger().queue.rows(("queued",), "team-a")):
+                stop.wait(5.0)
+                break
+            stop.wait(0.2)
+        Ledger().release("team-a", "queue-blocker")
+
+    freer = threading.Thread(target=free_once_it_waits, daemon=True)
+    freer.start()
     try:
-        run = dagbag.get_dag("cross_cloud_training").test(run_conf={**TINY, "clouds": ["beijing"], "priority": 2})
+        with _params_restored(dagbag.get_dag("cross_cloud_training")) as dag:
+            run = dag.test(run_conf={**TINY, "clouds": ["beijing"], "priority": 2})
     finally:
-        freed.cancel()
+        stop.set()
+        freer.join(10)
     assert run.state == "success"
     row = Ledger().queue.get("team-a", run.run_id)
     assert row.state == "done" and row.priority == 2
-    assert row.started_at - row.submitted_at >= 5.0  # it waited for the blocker, then started
+    assert row.started_at - row.submitted_at >= 4.0  # it waited for the blocker, then started
     assert "starts now" in row.decision and Ledger().active(run_id=run.run_id) == []
     from crosscloud.tracking.mlflow_runs import Tracker  # MLflow says how long it waited and why it started
 
@@ -47,7 +75,7 @@ def test_a_dag_run_waits_deferred_and_trains_once_its_devices_are_free(dagbag, m
     exp = client.get_experiment_by_name("cross_cloud_training")
     [parent] = client.search_runs([exp.experiment_id], f"tags.`crosscloud.run_id` = '{run.run_id}' and "
                                                         "tags.`crosscloud.level` = 'job'")
-    assert parent.data.metrics["queue_wait_s"] >= 5.0 and parent.data.params["queue.priority"] == "2"
+    assert parent.data.metrics["queue_wait_s"] >= 4.0 and parent.data.params["queue.priority"] == "2"
 
 
 RUNNER = ("import sys, json; from crosscloud.core.job import JobSpec; from crosscloud.pipeline.stages import run_job; "
