@@ -88,18 +88,9 @@ class Ledger:
             (lapsed if row.lease_expires_at is not None and row.lease_expires_at <= now else live).append(row)
         return live, lapsed
 
-    @staticmethod
-    def _usage(rows) -> Usage:
-        pools: dict[tuple[str, str], int] = {}
-        tenants: dict[tuple[str, str], int] = {}
-        for r in rows:
-            pools[(r.cloud, r.accelerator)] = pools.get((r.cloud, r.accelerator), 0) + r.devices
-            tenants[(r.tenant, r.cloud)] = tenants.get((r.tenant, r.cloud), 0) + r.devices
-        return Usage(pools, tenants)
-
     def usage(self) -> Usage:
         with backend.read(self.engine) as db:
-            return self._usage(self._open(db, time.time())[0])
+            return Usage.of(self._open(db, time.time())[0])
 
     def active(self, tenant: str | None = None, run_id: str | None = None) -> list[Reservation]:
         """Reservations held now; a tenant sees only its own."""
@@ -140,7 +131,7 @@ class Ledger:
             self._lapse(db, now, lapsed)
             if any(r.tenant == tenant and r.run_id == run_id for r in live):  # a retried admission: its own, renewed
                 return self._renew(db, tenant, run_id, now, lease)
-            usage = self._usage(live)
+            usage = Usage.of(live)
             asked: dict[tuple[str, str], int] = {}
             for cloud, accelerator, devices in decide(usage):
                 asked[(cloud, accelerator)] = asked.get((cloud, accelerator), 0) + devices
@@ -171,7 +162,7 @@ class Ledger:
             now = time.time()
             live, lapsed = self._open(db, now)
             self._lapse(db, now, lapsed)
-            usage = self._usage(live)
+            usage = Usage.of(live)
             for rid, tenant, run_id, parts, decision, holder in starts:
                 asked: dict[tuple[str, str], int] = {}
                 for cloud, accelerator, devices in parts:

@@ -36,6 +36,23 @@ class Usage:
     def tenant(self, tenant: str, cloud: str) -> int:
         return self.tenants.get((tenant, cloud), 0)
 
+    @classmethod
+    def of(cls, rows) -> Usage:
+        """The devices ``rows`` (reservations, or the ledger's rows of them) hold, per pool and per tenant and cloud."""
+        pools: dict[tuple[str, str], int] = {}
+        tenants: dict[tuple[str, str], int] = {}
+        for r in rows:
+            pools[(r.cloud, r.accelerator)] = pools.get((r.cloud, r.accelerator), 0) + r.devices
+            tenants[(r.tenant, r.cloud)] = tenants.get((r.tenant, r.cloud), 0) + r.devices
+        return cls(pools, tenants)
+
+    def by_tenant(self) -> dict[str, int]:
+        """Devices each tenant holds, over every cloud."""
+        held: dict[str, int] = {}
+        for (tenant, _), n in self.tenants.items():
+            held[tenant] = held.get(tenant, 0) + n
+        return held
+
 
 @dataclass(frozen=True)
 class Membership:

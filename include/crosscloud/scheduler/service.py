@@ -154,10 +154,7 @@ class Queue:
     def world(self, entries: list[Entry], now: float) -> World:
         """The pools as the pass sees them now: free devices, quotas left, expected releases, each tenant's use."""
         active = self.ledger.active()
-        usage = Usage({}, {})
-        for r in active:
-            usage.pools[(r.cloud, r.accelerator)] = usage.pool(r.cloud, r.accelerator) + r.devices
-            usage.tenants[(r.tenant, r.cloud)] = usage.tenant(r.tenant, r.cloud) + r.devices
+        usage = Usage.of(active)
         inventory = before_admission(self.fed, self.ledger).with_usage(usage)
         sites = {f: inventory.sites(f) for f in {e.request.family for e in entries}}
         free = {(c.name, p.accelerator): p.free for c in inventory.clouds for p in c.pools}
@@ -171,19 +168,13 @@ class Queue:
         for got in releases.values():
             got.sort()
         quota_left = {t: {c: q - usage.tenant(t, c) for c, q in quota.items()} for t, quota in self.quotas.items()}
-        held: dict[str, float] = {}
-        for (tenant, _), n in usage.tenants.items():
-            held[tenant] = held.get(tenant, 0) + n
-        return World(sites, free, releases, quota_left, held, dict(self.tenant_weights))
+        return World(sites, free, releases, quota_left, usage.by_tenant(), dict(self.tenant_weights))
 
     # -- looking ------------------------------------------------------------------------
     def listing(self, tenant: str | None = None) -> list[Status]:
         """The waiting runs in the order the next pass considers them, then the running ones; a tenant sees its own."""
         waiting = self.ledger.queue.rows(WAITING)
-        usage = self.ledger.usage()
-        held: dict[str, float] = {}
-        for (t, _), n in usage.tenants.items():
-            held[t] = held.get(t, 0) + n
+        held = self.ledger.usage().by_tenant()
         line = ordered([self._entry(r) for r in waiting], held, self.tenant_weights)
         by_key = {(r.tenant, r.run_id): r for r in waiting}
         out = [Status(by_key[e.key], decision_from_json(by_key[e.key].decision), i) for i, e in enumerate(line, start=1)]
@@ -198,9 +189,7 @@ class Queue:
 
     def _position(self, row: QueueRow) -> int:
         """Its place in the order the next pass considers the waiting runs (from their terms alone: cheap)."""
-        held: dict[str, float] = {}
-        for (t, _), n in self.ledger.usage().tenants.items():
-            held[t] = held.get(t, 0) + n
+        held = self.ledger.usage().by_tenant()
         share = {t: n / self.tenant_weights.get(t, 1.0) for t, n in held.items()}
 
         def key(tenant: str, priority: int, submitted_at: float, run_id: str) -> tuple:
