@@ -120,8 +120,11 @@ class Timing:
     def hold(self, key: Key, devices: int, until: float) -> None:
         """``devices`` of pool ``key`` are busy from now until ``until`` (epoch seconds)."""
         if key in self.index:
-            end = min(MAX_HOURS, max(1, math.ceil((until - self.h0 * 3600) / 3600)))
-            self.free[self.index[key], :end] -= devices
+            self.free[self.index[key], :self._end(until)] -= devices
+
+    def _end(self, until: float) -> int:
+        """The calendar's first hour free again for devices busy until ``until`` (epoch seconds)."""
+        return min(MAX_HOURS, max(1, math.ceil((until - self.h0 * 3600) / 3600)))
 
     def _deadline_h(self, entry: Entry) -> float:
         return (entry.deadline - self.h0 * 3600) / 3600
@@ -212,7 +215,7 @@ class Timing:
     def may_start(self, entry: Entry, parts, hold_s: float) -> bool:
         """Whether starting ``entry`` now on ``parts`` leaves every other protected deadline a schedule."""
         trial = self.free.copy()
-        end = min(MAX_HOURS, max(1, math.ceil((self.now + hold_s - self.h0 * 3600) / 3600)))
+        end = self._end(self.now + hold_s)
         for cloud, accelerator, n in parts:
             if (cloud, accelerator) in self.index:
                 trial[self.index[(cloud, accelerator)], :end] -= n
