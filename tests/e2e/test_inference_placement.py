@@ -22,6 +22,7 @@ from servingload import Load, phase
 from crosscloud.cli import main as cli
 from crosscloud.core.federation import load_federation
 from crosscloud.serving.fleet import Fleet
+from crosscloud.serving.meter import RECENT_S
 from crosscloud.serving.placement import warm_clouds
 from crosscloud.serving.replica import ServeSpec
 from crosscloud.serving.server import CLOUD_HEADER
@@ -155,7 +156,7 @@ def test_a_grid_request_cuts_the_cloud_and_its_traffic_returns_after(served, dag
     cloud = max(before, key=before.get)
     conf = {"cloud": cloud, "reduce_pct": 10, "within_s": 60, "duration_s": 0}
     with Load(fleet.router().url, clients=3) as load:
-        phase(load, 3.0)
+        phase(load, RECENT_S)  # steady traffic over the whole window the draw before the cut is measured on
         run = dagbag.get_dag("demand_response").test(run_conf=conf)
         after = phase(load, 3.0)
     assert not load.failures(), load.failures()[:3]

@@ -42,6 +42,20 @@ def test_tokens_per_second_over_the_time_since_start_then_over_the_window():
     assert snap["window_s"] == 60 and snap["tokens_per_s"] == pytest.approx(5.0)  # the first two fell out
 
 
+def test_the_recent_rate_sees_traffic_that_began_within_the_minute_at_its_full_rate():
+    clock = Clock()
+    meter = Meter(window_s=60, clock=clock)
+    clock.t += 50  # idle for 50 s, then 10 s of steady traffic at 30 tokens/s
+    for _ in range(10):
+        clock.t += 1
+        meter.record(30, 0.1)
+    snap = meter.snapshot()
+    assert snap["tokens_per_s"] == pytest.approx(5.0)  # the minute's average understates the draw now
+    assert snap["recent_tokens_per_s"] == pytest.approx(30.0)
+    clock.t += 20
+    assert meter.snapshot()["recent_tokens_per_s"] == 0
+
+
 def test_old_requests_leave_the_window_but_totals_keep_counting():
     clock = Clock()
     meter = Meter(window_s=60, clock=clock)

@@ -20,15 +20,20 @@ from __future__ import annotations
 import time
 
 from crosscloud.serving.fleet import Fleet
+from crosscloud.serving.meter import RECENT_S
 from crosscloud.serving.offers import offer_from_dict
 from crosscloud.serving.placement import plan_fields, replan
 from crosscloud.serving.traffic import TrafficPlan, power_w
 
 
 def _served_tokens(fleet: Fleet, cloud: str) -> tuple[float, float]:
-    """(tokens the cloud's replicas served in all, their tokens/s over the meters' window) now."""
+    """(tokens the cloud's replicas served in all, their tokens/s over the last ``RECENT_S``) now.
+
+    The recent rate, not the minute's: a minute that began before the traffic
+    did would understate the draw before a cut and hide the shed.
+    """
     rows = fleet.served().get(cloud, [])
-    return float(sum(r.get("tokens") or 0 for r in rows)), float(sum(r.get("tokens_per_s") or 0.0 for r in rows))
+    return float(sum(r.get("tokens") or 0 for r in rows)), float(sum(r.get("recent_tokens_per_s") or 0.0 for r in rows))
 
 
 def _apply(fleet: Fleet, plan: TrafficPlan, record: dict, reason: str) -> dict:
@@ -64,11 +69,11 @@ def shed(fleet: Fleet, cloud: str, reduce_pct: float, within_s: float, duration_
             "tokens_per_s_before": rate_before, "tokens_before": total_before, "stopped": applied["stopped"]}
 
 
-def verify(fleet: Fleet, answer: dict, within_s: float, window_s: float = 10.0) -> dict:
+def verify(fleet: Fleet, answer: dict, within_s: float, window_s: float = RECENT_S) -> dict:
     """Measure the cloud's served tokens/s once the cut applied; the modelled draw before and after, and if it held.
 
     The draw before is the power model at the tokens/s the replicas served in the
-    minute before the request; after, at the tokens/s they served over ``window_s``
+    ``RECENT_S`` before the request; after, at the tokens/s they served over ``window_s``
     once the change applied (in-flight requests finished on the old replicas).
     """
     cloud = answer["cloud"]
@@ -110,7 +115,7 @@ def shed_all(cloud: str, reduce_pct: float, within_s: float, duration_s: float) 
     return answers
 
 
-def verify_all(answers: list[dict], within_s: float, window_s: float = 10.0) -> list[dict]:
+def verify_all(answers: list[dict], within_s: float, window_s: float = RECENT_S) -> list[dict]:
     return [verify(Fleet(a["tenant"], a["model"]), a, within_s, window_s) for a in answers]
 
 

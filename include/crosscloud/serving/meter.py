@@ -14,6 +14,7 @@ from collections import deque
 import numpy as np
 
 WINDOW_S = 60.0
+RECENT_S = 10.0  # the grid check's window: draw before and after a cut are compared over the same span
 
 
 class Meter:
@@ -42,7 +43,9 @@ class Meter:
             rows = list(self.recent)
             totals = {"requests": self.requests, "tokens": self.tokens}
         span = max(min(self.window_s, now - self.started), 1e-9)
+        recent = max(min(RECENT_S, now - self.started), 1e-9)
         seconds = np.array([r[2] for r in rows]) if rows else None
         return {**totals, "window_s": round(span, 3), "tokens_per_s": sum(r[1] for r in rows) / span,
+                "recent_tokens_per_s": sum(r[1] for r in rows if r[0] >= now - RECENT_S) / recent,
                 "p50_s": float(np.quantile(seconds, 0.5)) if rows else None,
                 "p99_s": float(np.quantile(seconds, 0.99)) if rows else None}
