@@ -39,14 +39,15 @@ Scenario (defaults; every one is an argument):
   clusters), and at least the largest job's devices. Achieved loads are
   printed.
 
-Policies on the same workload (``crosscloud.research.price_timing``): **price-unaware**
+Policies on the same workload: **price-unaware**
 (least-loaded, as soon as possible), **crosscloud** (online price-aware, at
 each decision only day-ahead prices already published and a seasonal-naive
-forecast beyond: by default ``--policy price-lp``, a rolling plan re-made
-every hour, whose starts this hour are whole and which also holds the jobs
+forecast beyond: by default ``--policy queue``, the production queue
+(``queue_timing.py``); ``--policy price-lp``, the reference rolling plan
+(``price_lp.py``) re-made every hour, whose starts this hour are whole and which also holds the jobs
 expected in the next 24 h, forecast as those of the last 24 h; ``--policy price`` is the greedy variant that reserves at arrival
 and re-plans unstarted work at each publication), and the
-**optimum** (LP with the actual prices, a lower bound).
+**optimum** (LP with the actual prices, a lower bound; ``price_lp.py``).
 
 Electricity cost = energy of the devices while they work (full power x PUE)
 at the real hourly price; idle devices are not charged to the work.
@@ -77,9 +78,8 @@ import numpy as np
 from crosscloud.core.paths import data_dir
 from crosscloud.energy.power import device_power
 from crosscloud.energy.prices import UTC, CsvFeed, PriceOracle, check, choose_lag, evaluate_forecast, hour_index
-from crosscloud.research.price_timing import (BatchJob, CloudSpec, TrainingJob, account, infeasible_work, optimum,
-                                              schedule)
 from job_traces import read_throughputs, read_trace
+from price_lp import BatchJob, CloudSpec, TrainingJob, account, infeasible_work, optimum, schedule
 from queue_timing import devices_for_batches, run_queue
 
 DEFAULT_REGIONS = "DE-LU,FR,ES,US-CAL-CISO,US-TEX-ERCO,SG"
@@ -132,7 +132,7 @@ def parse_args(argv):
     p.add_argument("--no-day-ahead", action="store_true", help="only prices up to the decision hour are known")
     p.add_argument("--no-replan", action="store_true", help="greedy policy: no re-planning at publication")
     p.add_argument("--policy", choices=("queue", "price-lp", "price"), default="queue",
-                   help="crosscloud's online policy: the production queue (default), or the research rolling LP "
+                   help="crosscloud's online policy: the production queue (default), or the reference rolling LP "
                         "or greedy reservations")
     p.add_argument("--objective", default="cost", help="queue policy: cost, carbon, or a carbon weight in between")
     p.add_argument("--forecast-weeks", type=int, default=4)

@@ -21,10 +21,10 @@ import numpy as np
 
 from crosscloud.energy.power import energy_price_per_device_hour
 from crosscloud.pool.placement import JobRequest, Site
-from crosscloud.research.price_timing import BatchJob, CloudSpec, Placement, Schedule, TrainingJob
 from crosscloud.scheduler.entry import Entry
 from crosscloud.scheduler.passes import World, run_pass
 from crosscloud.scheduler.timing import MAX_HOURS, Rates
+from price_lp import BatchJob, CloudSpec, Placement, Schedule, TrainingJob
 
 FAMILY = "bench"
 ACC = "gpu"

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from crosscloud.scheduler.deadlines import Guard, Item, witness
-from crosscloud.research.price_timing import CloudSpec, TrainingJob, account, occupancy, schedule, schedule_rolling
+from price_lp import CloudSpec, TrainingJob, account, occupancy, schedule, schedule_rolling
 
 
 def _view(prices):

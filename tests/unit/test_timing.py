@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from crosscloud.research.price_timing import (
+from price_lp import (
     BatchJob,
     CloudSpec,
     TrainingJob,

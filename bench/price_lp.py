@@ -1,12 +1,15 @@
-"""Price-aware placement and timing of deferrable work, a price-unaware reference, and the offline optimum.
+"""The electricity benchmark's reference policies: the rolling price LP (``--policy price-lp``) and the offline optimum.
 
-Jobs with deadlines (training: devices for a run time on one cloud; batch
-inference: device-hours divisible over clouds and hours) are placed by what
-each device-hour would cost, rental plus energy at the price known or
-forecast then, never oversubscribing a cloud and never past a deadline it can
-meet. The least-loaded reference and the LP optimum (a lower bound on any
-schedule's cost) run on the same model, so the benchmark compares like with
-like. The model and the policies are described in ``docs/energy-and-grid.md``.
+Kept in ``bench/`` for comparison with the production scheduler
+(``crosscloud.scheduler.timing`` and ``crosscloud.scheduler.deadlines``); no
+DAG or package module imports it. Jobs with deadlines (training: devices for a
+run time on one cloud; batch inference: device-hours divisible over clouds and
+hours) are placed by what each device-hour would cost, rental plus energy at
+the price known or forecast then, never oversubscribing a cloud and never past
+a deadline it can meet. The price-unaware (least-loaded) reference and the LP
+optimum (a lower bound on any schedule's cost) run on the same model, so the
+benchmark compares like with like. The model and the policies are described in
+``docs/energy-and-grid.md``.
 """
 
 from __future__ import annotations

@@ -1,1 +1,0 @@
-"""Methods only the benchmarks use: price-aware timing, the cluster simulator and job traces."""
