@@ -49,16 +49,8 @@ from airflow.sdk import Param, dag, task
 
 from crosscloud.core.job import LR_SCALINGS, MODES, PLACEMENTS, JobSpec
 from crosscloud.core.presets import PRESETS
-from crosscloud_airflow.operators import (
-    AdmitOperator,
-    KubernetesSubTaskOperator,
-    KubernetesSubTaskWaitOperator,
-    LocalSubTaskOperator,
-    SSHSubTaskOperator,
-    SyncCheckpointsOperator,
-    all_handles,
-    run_ref,
-)
+from crosscloud_airflow.operators import AdmitOperator, run_ref
+from crosscloud_airflow.training import train_after
 
 DAG_ID = "cross_cloud_training"
 JOB = JobSpec()  # the Params' defaults are the engine's, so the DAG runs what benchmarks measure
@@ -130,25 +122,6 @@ JOB = JobSpec()  # the Params' defaults are the engine's, so the DAG runs what b
 )
 def cross_cloud_training():
     @task
-    def preheat(run: dict) -> dict:
-        from crosscloud.pipeline.stages import preheat_stage
-
-        report = preheat_stage(run_ref(run))
-        print(f"preheat: sent {report['total_sent_bytes']} bytes, skipped {report['total_skipped_bytes']} already present")
-        return report
-
-    @task
-    def clouds_of(run: dict, method: str) -> list[str]:
-        """The plan's clouds reached by ``method``: what that dispatch task maps over."""
-        _, plan = run_ref(run).load()
-        return [c.name for c in plan.clouds if c.method == method]
-
-    @task(trigger_rule="none_failed_min_one_success")
-    def gather_handles(per_method: list) -> list[dict]:
-        """Every started sub-task's handle, whichever access method started it (skipped methods add none)."""
-        return all_handles(per_method)
-
-    @task
     def aggregate(run: dict, handles: list[dict]) -> dict:
         from crosscloud.pipeline.stages import aggregate_stage
 
@@ -156,35 +129,7 @@ def cross_cloud_training():
         print(f"eval loss {summary['metrics']['eval_loss_start']:.4f} -> {summary['metrics']['final_eval_loss']:.4f}")
         return summary["metrics"]
 
-    @task(trigger_rule="all_done")
-    def cleanup(run: dict) -> None:
-        """Stop every sub-task of the run still alive and give its devices back, whatever the other tasks did."""
-        from crosscloud.pipeline.stages import release_stage
-        from crosscloud.pipeline.subtasks import run_handles, stop_run
-
-        ref = run_ref(run)
-        try:
-            stop_run(ref, run_handles(ref))
-        finally:
-            print(f"released {release_stage(ref)} reserved device(s)")
-
-    run = AdmitOperator(task_id="admit", experiment=DAG_ID).output
-    preheated = preheat(run)
-    # one mapped dispatch task per access method; a method no planned cloud uses expands to nothing and is skipped
-    dispatch = {}
-    for method, operator in (("local", LocalSubTaskOperator), ("kubernetes", KubernetesSubTaskOperator),
-                             ("ssh", SSHSubTaskOperator)):
-        clouds = clouds_of.override(task_id="clouds_of" if method == "local" else f"clouds_of_{method}")(run, method)
-        preheated >> clouds
-        dispatch[method] = operator.partial(task_id=f"dispatch_{method}", run=run).expand(cloud=clouds)
-    handles = gather_handles([d.output for d in dispatch.values()])
-    synced = SyncCheckpointsOperator(task_id="sync_checkpoints", run=run, handles=handles)
-    await_kubernetes = KubernetesSubTaskWaitOperator.partial(task_id="await_kubernetes").expand(
-        handle=dispatch["kubernetes"].output)
-    done = aggregate(run, handles)
-    synced >> [done, await_kubernetes]
-    # admit is the setup: a run that failed before any dispatch still gives its devices back
-    [done, await_kubernetes] >> cleanup(run).as_teardown(setups=run)
+    train_after(AdmitOperator(task_id="admit", experiment=DAG_ID), aggregate)
 
 
 cross_cloud_training()

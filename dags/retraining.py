@@ -5,14 +5,19 @@ Keeps the tenant's registered model current: every day at 03:00 UTC, and
 whenever the training-data Asset `crosscloud_training_data` is updated (a data
 pipeline's task with it as an outlet, or *Assets -> Create event* in the UI).
 
-1. **retrain** continues the tenant's registered model
-   (`crosscloud-<tenant>-<model size>` in the MLflow model registry: the
+1. **admit** enters the retrain in the federation's queue like any training
+   run and waits for its start deferred, holding no worker slot (at 03:00 on a
+   busy cloud it waits its turn; with `deferrable` and a `deadline` it waits
+   for cheaper hours). When it starts, it continues the tenant's registered
+   model (`crosscloud-<tenant>-<model size>` in the MLflow model registry: the
    version with the alias `champion`, else the newest; from the seed when none
-   is registered yet) with a cross-cloud training run over the current data.
-   The run is tracked in the MLflow experiment `retraining` and registers its
-   final model as a new version, with lineage tags (plan, clouds, data digests,
-   DAG run id, `crosscloud.parent_model`).
-2. **decide** evaluates the current champion on that run's held-out set, the
+   is registered yet).
+2. **preheat**, **dispatch_***, **sync_checkpoints**, **cleanup**: the
+   stages of `cross_cloud_training`; the rounds are watched deferred.
+3. **aggregate** evaluates the final model and registers it as a new version
+   with lineage tags (plan, clouds, data digests, DAG run id,
+   `crosscloud.parent_model`), tracked in the MLflow experiment `retraining`.
+4. **decide** evaluates the current champion on that run's held-out set, the
    same bytes the new model was measured on, and moves the alias `champion` to
    the new version only if its eval loss is lower. The version is tagged
    `crosscloud.promoted` either way.
@@ -22,10 +27,15 @@ from __future__ import annotations
 
 from datetime import datetime, timedelta
 
-from airflow.sdk import Asset, AssetOrTimeSchedule, CronTriggerTimetable, Param, dag, get_current_context, task
+from airflow.sdk import Asset, AssetOrTimeSchedule, CronTriggerTimetable, Param, dag, task
+
+from crosscloud.core.job import JobSpec
+from crosscloud_airflow.operators import AdmitOperator, run_ref
+from crosscloud_airflow.training import train_after
 
 DAG_ID = "retraining"
 TRAINING_DATA = Asset(name="crosscloud_training_data", uri="crosscloud://datasets/python-stdlib")
+JOB = JobSpec()
 
 
 @dag(
@@ -36,7 +46,7 @@ TRAINING_DATA = Asset(name="crosscloud_training_data", uri="crosscloud://dataset
     max_active_runs=1,
     doc_md=__doc__,
     tags=["crosscloud", "training", "registry"],
-    default_args={"retries": 1, "retry_delay": timedelta(seconds=30)},
+    default_args={"retries": 2, "retry_delay": timedelta(seconds=5)},
     params={
         "tenant": Param("team-a", type="string", description="Tenant whose model is retrained."),
         "model_size": Param("small", enum=["tiny", "small", "base", "large"], description="Model preset (one registered model each)."),
@@ -45,20 +55,21 @@ TRAINING_DATA = Asset(name="crosscloud_training_data", uri="crosscloud://dataset
         "global_batch": Param(24, type="integer", minimum=1, description="Sequences per inner step over all clouds."),
         "inner_lr": Param(3e-3, type="number", exclusiveMinimum=0, description="AdamW learning rate of the retraining."),
         "seed": Param(0, type="integer", minimum=0, description="Seed of data selection and held-out set."),
+        "priority": Param(JOB.priority, type="integer", description="Queue priority: higher goes first (then fair share, then age)."),
+        "deadline": Param(JOB.deadline, type="string",
+                          description="When the retrain must have finished: hours after submission (e.g. 12) or a time; empty: none."),
+        "deferrable": Param(JOB.deferrable, type="boolean", description="May wait for cheaper or cleaner hours before its deadline."),
+        "objective": Param(JOB.objective, type="string",
+                           description="What deferrable work saves: cost, carbon, or a carbon weight between 0 and 1."),
     },
 )
 def retraining():
     @task
-    def retrain() -> dict:
-        from crosscloud.core.job import JobSpec
-        from crosscloud.pipeline.retraining import retrain as run_retrain
-        from crosscloud_airflow.connections import use_airflow_connections
+    def aggregate(run: dict, handles: list[dict]) -> dict:
+        from crosscloud.pipeline.retraining import retrained
+        from crosscloud.pipeline.stages import aggregate_stage
 
-        use_airflow_connections()
-        ctx = get_current_context()
-        spec = JobSpec.from_params(dict(ctx["params"]))
-        result = run_retrain(spec, ctx["run_id"], experiment=DAG_ID,
-                             tags={"airflow.dag_id": DAG_ID, "airflow.run_id": ctx["run_id"]})
+        result = retrained(run, aggregate_stage(run_ref(run), handles, experiment=DAG_ID, compare_baseline=False))
         print(f"registered {result['model']['name']} version {result['model']['version']}: eval loss {result['final_eval_loss']:.4f}")
         return result
 
@@ -73,7 +84,7 @@ def retraining():
               f"{'promoted to champion' if verdict['promoted'] else 'not promoted'}")
         return verdict
 
-    decide(retrain())
+    decide(train_after(AdmitOperator(task_id="admit", experiment=DAG_ID, continue_registered=True), aggregate))
 
 
 retraining()

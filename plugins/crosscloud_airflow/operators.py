@@ -44,16 +44,18 @@ class AdmitOperator(BaseOperator):
     says its position, its expected start and the reason, each time they
     change. When a pass starts it, ``resume`` takes its reservation, writes the
     plan and logs where it trains; a run no cloud can ever take fails, naming
-    every cloud's reason.
+    every cloud's reason. With ``continue_registered`` the run starts from the
+    tenant's registered model (a retrain), chosen when the run starts.
     """
 
     ui_color = "#fff2cc"
 
-    def __init__(self, *, experiment: str, poll_interval: float | None = None, **kwargs):
+    def __init__(self, *, experiment: str, poll_interval: float | None = None, continue_registered: bool = False,
+                 **kwargs):
         import os
 
         super().__init__(**kwargs)
-        self.experiment = experiment
+        self.experiment, self.continue_registered = experiment, continue_registered
         # how often the triggerer looks at the queue: $CROSSCLOUD_QUEUE_POLL_S, else 10 s
         self.poll_interval = poll_interval or float(os.environ.get("CROSSCLOUD_QUEUE_POLL_S") or 10.0)
 
@@ -76,8 +78,14 @@ class AdmitOperator(BaseOperator):
 
         use_airflow_connections()
         spec, run_id, dag_id = JobSpec.from_params(dict(context["params"])), context["run_id"], context["dag"].dag_id
+        init, lineage = None, {}
+        if self.continue_registered:
+            from crosscloud.pipeline.retraining import starting_point
+
+            init, lineage = starting_point(spec, self.log.info)
         try:
-            ref = admit_stage(spec, run_id, experiment=self.experiment, tags={"airflow.dag_id": dag_id, "airflow.run_id": run_id})
+            ref = admit_stage(spec, run_id, experiment=self.experiment, init=init,
+                              tags={"airflow.dag_id": dag_id, "airflow.run_id": run_id, **lineage})
         except NotAdmitted as waiting:
             self.log.info("run %s waits in the queue, deferred: %s", run_id, waiting)
             self.defer(trigger=QueueTrigger(str(federation_path()), spec.tenant, run_id, self.poll_interval),

@@ -41,6 +41,18 @@ def test_cross_cloud_training_stages_and_params(dagbag):
     assert params == JobSpec().to_dict()
 
 
+def test_retraining_trains_through_the_queue_with_the_training_stages(dagbag):
+    dag = dagbag.get_dag("retraining")
+    order = ["admit", "preheat", "clouds_of", "dispatch_local", "sync_checkpoints", "aggregate", "decide"]
+    for before, after in zip(order, order[1:]):
+        assert after in dag.get_task(before).get_flat_relative_ids(upstream=False), f"{before} must precede {after}"
+    admit = dag.get_task("admit")
+    assert type(admit).__name__ == "AdmitOperator" and admit.continue_registered  # queued, deferred, continues the model
+    assert dag.get_task("cleanup").is_teardown
+    assert set(dagbag.get_dag("cross_cloud_training").task_ids) <= set(dag.task_ids)  # the same stages
+    assert {"priority", "deadline", "deferrable", "objective"} <= set(dag.params)
+
+
 def test_inference_placement_preheats_before_it_places_and_runs_hourly(dagbag):
     from datetime import timedelta
 

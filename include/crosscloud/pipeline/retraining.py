@@ -1,10 +1,11 @@
 """Retraining: continue the latest registered model on the current data, and promote it only if it is better.
 
-``retrain`` starts a cross-cloud run from the tenant's registered model: the
-``champion`` version, else the newest version (a rejected retrain is not
-continued while a better champion exists), or from the seed when none is
-registered yet; the run
-registers its final model as a new version (``registry.register``).
+A retrain is a cross-cloud run like any other, queued and trained by the same
+stages; ``starting_point`` gives it the tenant's registered model to continue:
+the ``champion`` version, else the newest version (a rejected retrain is not
+continued while a better champion exists), or the seed when none is
+registered yet. The run registers its final model as a new version
+(``registry.register``).
 ``decide`` then measures the current champion on the held-out set of that
 run, the same bytes the new model's ``final_eval_loss`` was measured on, and
 moves the ``champion`` alias to the new version only when its loss is lower.
@@ -12,10 +13,8 @@ moves the ``champion`` alias to the new version only when its loss is lower.
 
 from __future__ import annotations
 
-from crosscloud.core.federation import federation_path as resolve_federation_path
-from crosscloud.core.federation import read_federation
 from crosscloud.core.job import JobSpec
-from crosscloud.pipeline.stages import Log, RunRef, run_job
+from crosscloud.pipeline.stages import Log, RunRef
 from crosscloud.store.open_store import open_store
 from crosscloud.store.tensors import from_bytes
 from crosscloud.tracking import registry
@@ -23,21 +22,20 @@ from crosscloud.tracking.mlflow_runs import Tracker
 from crosscloud.training.evaluation import Evaluator
 
 
-def retrain(spec: JobSpec, run_id: str, experiment: str, federation_path: str | None = None,
-            tags: dict[str, str] | None = None, log: Log = print) -> dict:
-    """Train from the tenant's champion (else latest) registered model; returns the run and the new version."""
+def starting_point(spec: JobSpec, log: Log = print) -> tuple[bytes | None, dict[str, str]]:
+    """The weights a retrain of ``spec`` continues (None: from the seed) and the lineage tag naming their version."""
     client = Tracker().client
     name = registry.model_name(spec.tenant, spec.model_size)
     base = registry.champion(client, name) or registry.latest(client, name)
-    init = registry.weights(client, base) if base else None
     log(f"retraining {name} from {f'version {base.version}' if base else 'scratch (no registered version yet)'}")
-    lineage = {"crosscloud.parent_model": f"{name}/{base.version}"} if base else {}
-    path = str(resolve_federation_path(federation_path))
-    digest = read_federation(path)[1]  # what the later tasks, on any host, check theirs against
-    summary = run_job(spec, run_id, path, experiment, log=log, compare_baseline=False, tags={**(tags or {}), **lineage},
-                      init=init)
-    return {"run": RunRef(path, spec.tenant, run_id, digest).to_dict(), "model": summary["model"],
-            "final_eval_loss": summary["metrics"]["final_eval_loss"], "retrained_from": int(base.version) if base else None}
+    if base is None:
+        return None, {}
+    return registry.weights(client, base), {"crosscloud.parent_model": f"{name}/{base.version}"}
+
+
+def retrained(run: dict, summary: dict) -> dict:
+    """What ``decide`` weighs: the run (a ``RunRef`` as a dict), the version it registered and its eval loss."""
+    return {"run": run, "model": summary["model"], "final_eval_loss": summary["metrics"]["final_eval_loss"]}
 
 
 def held_out_loss(ref: RunRef, weights: bytes) -> float:
