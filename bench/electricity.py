@@ -299,8 +299,9 @@ def main(argv=None) -> int:
             used[p.cloud] += p.device_hours
         print(f"  {name} device-hours per cloud: " + ", ".join(f"{k} {v:.0f}" for k, v in used.items()))
     if aware.preempted:
-        print(f"crosscloud paused {len(aware.preempted)} running deferrable job(s) (checkpoint, resumed later, "
-              "0.25 h of work redone) to start urgent ones")
+        why = ("for prices, each resumed later on its own devices with a restart's cost" if args.policy == "queue"
+               else "(checkpoint, resumed later, 0.25 h of work redone) to start urgent ones")
+        print(f"crosscloud paused {len(aware.preempted)} running deferrable job(s) {why}")
     print(f"forecast error (mean over regions, chosen lag): MAE {mae:.1f} USD/MWh, sMAPE {smape:.1f} %")
     print(f"work: {work:.0f} device-hours; wall time {time.time() - t_start:.1f} s")
     base, mine = acc["price-unaware"].electricity_usd, acc["crosscloud"].electricity_usd

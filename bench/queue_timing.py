@@ -7,8 +7,11 @@ each daily batch one entry of ``batch_devices`` devices for its device-hours
 the runs that ended, adds the arrivals and runs ``crosscloud.scheduler``'s
 pass with the prices and carbon a decision then sees (known, else forecast):
 the same ``run_pass`` and ``Timing`` every DAG run's admission goes through.
-It only advances the clock, builds the pass's ``World`` from its own state and
-records where and when each run started.
+A running run the pass pauses for prices stops at once (the hour's round
+boundary) and waits again for the same devices with its work left plus
+``pauses.restart_s()``, the cost of a pause (``pauses.resumed``). The driver only advances the clock,
+builds the pass's ``World`` from its own state and records where and when each
+run trained.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ from crosscloud.energy.power import energy_price_per_device_hour
 from crosscloud.pool.placement import JobRequest, Site
 from crosscloud.scheduler.entry import Entry
 from crosscloud.scheduler.passes import World, run_pass
+from crosscloud.scheduler.pauses import Running, resumed
 from crosscloud.scheduler.timing import MAX_HOURS, Rates
 from price_lp import BatchJob, CloudSpec, Placement, Schedule, TrainingJob
 
@@ -79,38 +83,87 @@ def run_queue(jobs: Sequence[TrainingJob], batches: Sequence[BatchJob], clouds: 
     pending = entries(jobs, batches, t0, objective, batch_devices)
     sites = [Site(c.name, ACC, c.jurisdiction, int(c.devices), int(c.devices), families=frozenset({FAMILY}))
              for c in clouds]
-    free = {(c.name, ACC): int(c.devices) for c in clouds}
-    releases: dict[tuple[str, str], list[tuple[float, int]]] = {k: [] for k in free}
-    out, waiting, previous, k = Schedule("queue"), [], {}, 0
+    sim = _Sim({(c.name, ACC): int(c.devices) for c in clouds}, Schedule("queue"), t0)
+    waiting, previous, k = [], {}, 0
     for hour in range(pending[0][0] if pending else 0, horizon):
         now = (t0 + hour) * 3600.0
-        for key, got in releases.items():  # runs that ended give their devices back
-            free[key] += sum(n for t, n in got if t <= now + 1e-6)
-            got[:] = [(t, n) for t, n in got if t > now + 1e-6]
+        sim.finish(now)
         while k < len(pending) and pending[k][0] <= hour:
             waiting.append(pending[k][1])
             k += 1
-        if not waiting:
+        if not waiting and not sim.running:
             if k >= len(pending):
                 break
             continue
-        world = World({FAMILY: [replace(s, free=free[(s.cloud, ACC)]) for s in sites]}, dict(free),
-                      {key: list(v) for key, v in releases.items()})
         seen = rates(clouds, prices, carbon, t0 + hour, t0 + horizon, known_until, band)
-        result = run_pass(waiting, world, now, lambda *a: 0.0, previous, rates=seen)
-        started = set()
-        for entry, d in result.started:
-            for cloud, _, n in d.parts:
-                free[(cloud, ACC)] -= n
-                releases[(cloud, ACC)].append((now + entry.runtime_s, n))
-                out.placements.append(Placement(entry.run_id, cloud, hour, n * entry.runtime_s / 3600,
-                                                hour + entry.runtime_s / 3600, n))
-            started.add(entry.key)
-            if "cannot be met" in d.reason:
-                out.infeasible[entry.run_id] = d.reason.split(";")[0]
-        previous = {key: d for key, d in result.decisions.items() if d.kind != "start"}
-        waiting = [e for e in waiting if e.key not in started]
-    return _finish(out, jobs, batches, waiting)
+        for _ in range(3):  # a pause gives devices back, which is a change: the queue runs its next pass at once
+            waiting, previous, paused = _pass(sim, sites, waiting, previous, now, seen)
+            if not paused:
+                break
+    return _finish(sim.out, jobs, batches, waiting)
+
+
+def _pass(sim: _Sim, sites: list[Site], waiting: list[Entry], previous: dict, now: float, seen: Rates):
+    """One pass of the production queue at ``now``; the runs it starts run, those it pauses stop."""
+    world = World({FAMILY: [replace(s, free=sim.free[(s.cloud, ACC)]) for s in sites]}, dict(sim.free),
+                  {key: list(v) for key, v in sim.releases.items()})
+    result = run_pass(waiting, world, now, lambda *a: 0.0, previous, rates=seen, running=sim.as_running(now))
+    started = set()
+    for entry, d in result.started:
+        sim.start(entry, d, now)
+        started.add(entry.key)
+        if "cannot be met" in d.reason:
+            sim.out.infeasible[entry.run_id] = d.reason.split(";")[0]
+    previous = {key: d for key, d in result.decisions.items() if d.kind != "start"}
+    waiting = [e for e in waiting if e.key not in started]
+    for entry, d in result.paused:  # it stops after its round: the driver stops it at once, charging the restart
+        waiting.append(sim.pause(entry.key, now))
+        previous[entry.key] = d
+    return waiting, previous, bool(result.paused)
+
+
+class _Sim:
+    """The driver's own state: free devices, when running runs end, and the schedule so far."""
+
+    def __init__(self, free: dict[tuple[str, str], int], out: Schedule, t0: int):
+        self.free, self.out, self.t0 = free, out, t0
+        self.releases: dict[tuple[str, str], list[tuple[float, int]]] = {key: [] for key in free}
+        self.running: dict[tuple[str, str], tuple[Entry, tuple, float, float, list[int]]] = {}
+
+    def finish(self, now: float) -> None:
+        """Runs that ended give their devices back."""
+        for key, got in self.releases.items():
+            self.free[key] += sum(n for t, n in got if t <= now + 1e-6)
+            got[:] = [(t, n) for t, n in got if t > now + 1e-6]
+        self.running = {k: r for k, r in self.running.items() if r[3] > now + 1e-6}
+
+    def start(self, entry: Entry, d, now: float) -> None:
+        hour, end, placed = now / 3600 - self.t0, now + entry.runtime_s, []
+        for cloud, _, n in d.parts:
+            self.free[(cloud, ACC)] -= n
+            self.releases[(cloud, ACC)].append((end, n))
+            placed.append(len(self.out.placements))
+            self.out.placements.append(Placement(entry.run_id, cloud, round(hour), n * entry.runtime_s / 3600,
+                                                 hour + entry.runtime_s / 3600, n))
+        self.running[entry.key] = (entry, tuple(d.parts), now, end, placed)
+
+    def as_running(self, now: float) -> list[Running]:
+        """What the pass may pause: each run with the devices it holds and its work left."""
+        return [Running(replace(e, runtime_s=end - now, parts=parts), end)
+                for e, parts, _, end, _ in self.running.values() if end - now > 1e-6]
+
+    def pause(self, key: tuple[str, str], now: float) -> Entry:
+        """Stop a run now; it waits again for the same devices with its work left and a restart's cost on top."""
+        entry, parts, started, end, placed = self.running.pop(key)
+        for cloud, _, n in parts:
+            self.free[(cloud, ACC)] += n
+            self.releases[(cloud, ACC)].remove((end, n))
+        hours = (now - started) / 3600
+        for i in placed:
+            p = self.out.placements[i]
+            self.out.placements[i] = replace(p, device_hours=p.devices * hours, end=p.start + hours)
+        self.out.preempted.append(entry.run_id)
+        return resumed(replace(entry, runtime_s=end - now, parts=parts))
 
 
 def _finish(out: Schedule, jobs, batches, waiting: list[Entry]) -> Schedule:

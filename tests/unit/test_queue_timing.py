@@ -157,3 +157,77 @@ def test_a_deferrable_run_submitted_through_admission_starts_at_its_cheap_hour(l
     started = decision_from_json(ledger.queue.get("team-a", "night-run").decision)
     # it saved the energy of 90 USD/MWh on one device for its run, against starting when first planned
     assert started.first_cost[0] > started.first_cost[0] - started.saved[0] > 0 and started.saved[0] > 0
+
+
+def _running(run_id, devices=2, left_h=3.0, deadline_h=10.0, cloud="A"):
+    """A running deferrable run holding ``devices`` of ``cloud`` with ``left_h`` of work left."""
+    from dataclasses import replace
+
+    from crosscloud.scheduler.pauses import Running
+
+    e = replace(_entry(run_id, devices=devices, runtime_h=left_h, deadline_h=deadline_h, at=NOW - H),
+                parts=((cloud, "gpu", devices),))
+    return Running(e, NOW + left_h * H)
+
+
+def _holding(world, r):
+    """The world with ``r``'s devices held until its expected end."""
+    for c, a, n in r.entry.parts:
+        world.free[(c, a)] -= n
+        world.releases.setdefault((c, a), []).append((r.until, n))
+        world.sites["f"] = [s if s.cloud != c else type(s)(**{**s.__dict__, "free": s.free - n}) for s in world.sites["f"]]
+    return world
+
+
+SPIKE_NOW = [50, 50, 1, 1, 1, 1, 1] + [50] * 200  # dear now and next hour, cheap from hour 2
+
+
+def test_a_running_deferrable_run_is_paused_at_a_price_spike_and_planned_for_the_cheap_hours():
+    r = _running("long", left_h=3.0, deadline_h=10.0)
+    result = run_pass([], _holding(_world(), r), NOW, lambda *a: 0.0, rates=_rates(SPIKE_NOW), running=[r])
+    [(entry, d)] = result.paused
+    assert entry.key == ("t", "long") and d.kind == "pause"
+    assert d.planned_at == NOW + 2 * H and d.parts == (("A", "gpu", 2),)
+    assert "paused after its next committed round" in d.reason and "every deferred deadline" in d.reason
+
+
+def test_no_pause_when_the_deadline_would_lose_its_schedule_or_waiting_does_not_pay():
+    tight = _running("tight", left_h=3.0, deadline_h=3.5)  # 3 h of work started at hour 1 would end past 3.5
+    result = run_pass([], _holding(_world(), tight), NOW, lambda *a: 0.0, rates=_rates(SPIKE_NOW), running=[tight])
+    assert result.paused == []
+    flat = _running("flat", left_h=3.0)
+    result = run_pass([], _holding(_world(), flat), NOW, lambda *a: 0.0, rates=_rates([5.0] * 200), running=[flat])
+    assert result.paused == []
+    # a few minutes of work left: a pause costs more than the spike does
+    short = _running("short", left_h=0.04)
+    result = run_pass([], _holding(_world(), short), NOW, lambda *a: 0.0, rates=_rates(SPIKE_NOW), running=[short])
+    assert result.paused == []
+
+
+def test_a_paused_run_resumes_on_exactly_the_devices_of_its_saved_state():
+    from dataclasses import replace
+
+    paused = replace(_entry("p", devices=2, runtime_h=1.0, deadline_h=10.0, deferrable=False),
+                     parts=(("B", "gpu", 2),))
+    world = _world(clouds=("A", "B"))
+    world.free[("B", "gpu")] = 1  # B is busy: it waits for B, though A is free and cheaper
+    world.sites["f"] = [replace(s, free=1) if s.cloud == "B" else s for s in world.sites["f"]]
+    d = run_pass([paused], world, NOW, lambda *a: 0.0).decisions[("t", "p")]
+    assert d.kind == "reserve" and d.parts == (("B", "gpu", 2),) and "where its saved state is" in d.reason
+    world = _world(clouds=("A", "B"))
+    result = run_pass([paused], world, NOW, lambda *a: 0.0)
+    [(_, started)] = result.started
+    assert started.parts == (("B", "gpu", 2),) and "resumes now" in started.reason
+
+
+def test_no_pause_that_would_leave_a_waiting_run_s_deadline_without_a_schedule():
+    # 2 devices: r holds both with 3 h left; w (3 h on both) waits; both due by hour 6. Paused, r would run
+    # from hour 1 at the earliest and w after it, past hour 6: the guard keeps r running though hours 2-6 are cheap
+    r = _running("r", devices=2, left_h=3.0, deadline_h=6.0)
+    w = _entry("w", devices=2, runtime_h=3.0, deadline_h=6.0)
+    result = run_pass([w], _holding(_world(devices=2), r), NOW, lambda *a: 0.0, rates=_rates(SPIKE_NOW), running=[r])
+    assert result.paused == []
+    alone = _running("r", devices=2, left_h=3.0, deadline_h=6.0)  # without w it would be paused
+    result = run_pass([], _holding(_world(devices=2), alone), NOW, lambda *a: 0.0, rates=_rates(SPIKE_NOW),
+                      running=[alone])
+    assert [d.kind for _, d in result.paused] == ["pause"]

@@ -101,8 +101,34 @@ def decide_spread(entry: Entry, sites: list[Site]) -> Decision:
                     runtime_s=entry.runtime_s, considered=tuple(considered))
 
 
+def decide_parts(entry: Entry, sites: list[Site]) -> Decision:
+    """A paused run: exactly the devices it trained on, all at once, since only its clouds hold its saved states."""
+    by_key = {(s.cloud, s.accelerator): s for s in sites}
+    considered, waits = [], []
+    for cloud, accelerator, n in entry.parts:
+        s = by_key.get((cloud, accelerator))
+        if s is None or not eligible_later(entry.request, s):
+            why = "not in the federation any more" if s is None else refusal(entry.request, s)
+            return Decision("never", f"it cannot resume: its saved state is on {cloud}/{accelerator}, which cannot "
+                            f"take it: {why}", considered=tuple(considered))
+        if s.free >= n and s.backfills(n, entry.runtime_s):
+            considered.append((cloud, accelerator, True, f"{n} x {accelerator} ({s.free} free)"))
+        else:
+            waits.append(s.wait_s(n))
+            considered.append((cloud, accelerator, True, f"{n} x {accelerator}: {s.free} of {s.total} free to "
+                                                         f"{entry.tenant} (in use, its quota taken, or held for work ahead)"))
+    where = ", ".join(f"{n} x {a} on {c}" for c, a, n in entry.parts)
+    if not waits:
+        return Decision("start", f"resumes now: {where}", entry.parts, 0.0, runtime_s=entry.runtime_s,
+                        considered=tuple(considered))
+    return Decision("reserve", f"reserved {where}, where its saved state is: {explain(considered)}", entry.parts,
+                    max(waits), runtime_s=entry.runtime_s, considered=tuple(considered))
+
+
 def decide(entry: Entry, sites: list[Site], network: TransferTime, weights: Weights = Weights()) -> Decision:
     """The verdict for ``entry`` over ``sites`` (as the tenant sees them, with the work queued ahead)."""
+    if entry.parts is not None:
+        return decide_parts(entry, sites)
     if entry.spread is not None:
         return decide_spread(entry, sites)
     return decide_auto(entry, sites, network, weights)

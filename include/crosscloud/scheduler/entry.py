@@ -12,7 +12,8 @@ from dataclasses import dataclass, field
 
 from crosscloud.pool.placement import JobRequest
 
-KINDS = ("start", "reserve", "plan", "wait", "never")
+KINDS = ("start", "reserve", "plan", "wait", "never", "pause")
+Parts = tuple[tuple[str, str, int], ...]  # (cloud, accelerator, devices)
 STATES = ("queued", "running", "paused", "done", "cancelled", "expired")
 
 
@@ -41,6 +42,8 @@ class Entry:
     objective: str = "cost"
     spread: Spread | None = None  # None: placement ``auto`` over ``request.devices``
     runtime_s: float = 0.0  # estimated run time on the job's devices, for reservations and fair share
+    # a paused run asks for exactly the devices it trained on: its clouds keep its saved states
+    parts: Parts | None = None
 
     @property
     def key(self) -> tuple[str, str]:
@@ -49,8 +52,16 @@ class Entry:
     @property
     def device_hours(self) -> float:
         """What the run is known to cost: devices x estimated hours."""
-        devices = self.request.devices if self.spread is None else self.spread.per_cloud * max(1, len(self.request.clouds or ()))
-        return devices * self.runtime_s / 3600
+        return self.devices * self.runtime_s / 3600
+
+    @property
+    def devices(self) -> int:
+        """Devices it asks for in all."""
+        if self.parts is not None:
+            return sum(n for _, _, n in self.parts)
+        if self.spread is not None:
+            return self.spread.per_cloud * max(1, len(self.request.clouds or ()))
+        return self.request.devices
 
 
 @dataclass(frozen=True)
@@ -60,7 +71,9 @@ class Decision:
     ``start``: its ``parts`` are reserved now. ``reserve``: it waits for
     ``parts``, expected free in ``expected_start_s``; later work only
     backfills around them. ``plan``: deferrable work set to start at
-    ``planned_at`` on ``parts`` for price or carbon. A start's
+    ``planned_at`` on ``parts`` for price or carbon. ``pause``: a running
+    deferrable run stops after its next committed round and waits, with its
+    progress, for ``planned_at``. A start's
     ``expected_start_s`` is the time its data takes to arrive. ``wait``: nothing known
     frees its devices yet. ``never``: no cloud can ever take it.
     """
@@ -97,6 +110,7 @@ def request_json(entry: Entry) -> str:
         "clouds": None if r.clouds is None else sorted(r.clouds), "splittable": r.splittable, "max_parts": r.max_parts,
         "split_penalty": r.split_penalty, "memory_gb": r.memory_gb,
         "spread": None if entry.spread is None else {"per_cloud": entry.spread.per_cloud, "pinned": entry.spread.pinned},
+        "parts": None if entry.parts is None else [list(p) for p in entry.parts],
     }, sort_keys=True)
 
 
@@ -104,11 +118,13 @@ def entry_from_row(row, quota: dict[str, int] | None) -> Entry:
     """A queue row (``crosscloud.ledger.records.QueueRow``) as the pass takes it, with the tenant's quota now."""
     raw = json.loads(row.request)
     spread = raw.pop("spread")
+    parts = raw.pop("parts", None)
     raw["data_at"] = frozenset(raw["data_at"])
     raw["clouds"] = None if raw["clouds"] is None else frozenset(raw["clouds"])
     request = JobRequest(tenant=row.tenant, quota=quota, **raw)
     return Entry(row.tenant, row.run_id, request, row.submitted_at, row.priority, row.deadline, row.deferrable,
-                 row.objective, None if spread is None else Spread(**spread), row.runtime_s)
+                 row.objective, None if spread is None else Spread(**spread), row.runtime_s,
+                 None if parts is None else tuple(tuple(p) for p in parts))
 
 
 def decision_json(d: Decision) -> str:

@@ -25,6 +25,7 @@ from crosscloud.pool.placement import Site, TransferTime, Weights, refusal
 from crosscloud.scheduler.decide import decide
 from crosscloud.scheduler.entry import Decision, Entry
 from crosscloud.scheduler.order import FairOrder
+from crosscloud.scheduler.pauses import Running, decide_pauses, make_room, pausable
 from crosscloud.scheduler.timing import Rates, Timing
 
 Key = tuple[str, str]  # (cloud, accelerator)
@@ -78,6 +79,7 @@ class PassResult:
     started: list[tuple[Entry, Decision]]
     decided: int = 0  # entries decided afresh (``decide`` calls)
     unseen: list[Entry] = field(default_factory=list)  # the rest, in order: they keep their earlier decision
+    paused: list[tuple[Entry, Decision]] = field(default_factory=list)  # running runs to pause after their round
 
     def positions(self) -> dict[tuple[str, str], int]:
         """Every entry still queued after the pass and its place in line, 1 first."""
@@ -111,6 +113,8 @@ class _Pass:
 
     def eligible(self, entry: Entry) -> list[Key]:
         got = self.pools.get(entry.key)
+        if got is None and entry.parts is not None:  # a paused run: the pools of its saved state, nowhere else
+            got = self.pools[entry.key] = [(c, a) for c, a, _ in entry.parts]
         if got is None:
             got = self.pools[entry.key] = [(s.cloud, s.accelerator) for s in self.world.sites.get(entry.request.family, ())
                                            if not refusal(entry.request, s)]
@@ -119,6 +123,8 @@ class _Pass:
     def could_start(self, entry: Entry) -> bool:
         """Whether ``entry`` might start now: cheap, and never False where ``decide`` would start it."""
         job, rooms = entry.request, []
+        if entry.parts is not None:
+            return all(self.world.room(entry.tenant, (c, a)) >= n for c, a, n in entry.parts)
         for key in self.eligible(entry):
             room = self.world.room(entry.tenant, key)
             if room >= job.devices or (entry.spread is not None and room > 0):
@@ -190,50 +196,75 @@ def _saved(first, now) -> tuple[float, float | None] | None:
 
 def run_pass(entries: Iterable[Entry], world: World, now: float, network: TransferTime,
              previous: Mapping[tuple[str, str], Decision] | None = None, weights: Weights = Weights(),
-             max_scan: int = 256, rates: Rates | None = None) -> PassResult:
+             max_scan: int = 256, rates: Rates | None = None, running: Iterable[Running] = ()) -> PassResult:
     """Decide every entry of the queue at ``now`` (epoch or simulated seconds); see the module docstring.
 
     ``previous``: each entry's decision of the last pass. ``world`` is changed:
     the devices of the entries that start are taken from it. ``rates``: the
     hourly prices and carbon that deferrable runs are planned by (``timing``);
     without them every run is decided as if it were not deferrable.
+    ``running``: the running runs that may be paused (``pauses``).
     """
     previous = previous or {}
-    entries = list(entries)
-    timing = None
-    if rates is not None and any(e.deferrable and e.deadline is not None for e in entries):
-        totals = {(s.cloud, s.accelerator): s.total for sites in world.sites.values() for s in sites}
-        timing = Timing(rates, totals, world.releases, now)
+    entries, running = list(entries), [r for r in running if pausable(r.entry)]
+    timing = _timing(entries, running, world, now, rates)
     order = FairOrder(entries, world.held, world.weights)
     state = _Pass(world, now, network, weights, timing)
+    out, due = PassResult({}, []), []
     if timing is not None:  # every waiting deferrable run's deadline is protected; some must start now
         for e in entries:
             if e.deferrable and e.deadline is not None:
                 timing.admit(e, state.eligible(e))
         timing.settle()
-    out = PassResult({}, [])
-    scanned = 0
+        # a paused run stops after its round: its devices free up for the hours it waits, not for this pass
+        out.paused = decide_pauses(running, timing)
+        due = sorted((e for e in entries if timing.is_due(e)), key=lambda e: (e.deadline, e.submitted_at))
+    for entry in due:  # a run whose deadline is due goes first: waiting longer would lose it
+        _consider(entry, state, order, out, previous.get(entry.key), timed=True)
+    short = [e for e in due if out.decisions[e.key].kind != "start"]
+    if short and running:  # room for them: pause running deferrable work that still ends in time
+        out.paused += make_room(short, running, timing, state.eligible, world.room, {e.key for e, _ in out.paused})
+    seen, scanned = {e.key for e in due}, 0
     for entry in order:
+        if entry.key in seen:
+            continue
         if scanned >= max_scan:  # the rest are not looked at: they keep what they had
-            out.unseen = [entry] + order.rest()
+            out.unseen = [entry] + [e for e in order.rest() if e.key not in seen]
             break
         prev = previous.get(entry.key)
         timed = timing is not None and entry.deferrable and entry.deadline is not None
         if not timed and prev is not None and prev.kind in ("reserve", "wait") and not (
                 world.any_free() and state.could_start(entry)):
-            decision = prev
-        else:
-            decision = state.timed(entry, prev) if timed else decide(entry, state.sites(entry), network, weights)
-            out.decided += 1
-            if decision.kind == "start":
-                state.start(entry, decision)
-                order.started(entry.tenant, sum(n for _, _, n in decision.parts))
-                out.started.append((entry, decision))
-        out.decisions[entry.key] = decision
-        if decision.kind in ("reserve", "wait", "plan"):
+            out.decisions[entry.key] = decision = prev
             state.hold_back(decision)
+        else:
+            decision = _consider(entry, state, order, out, prev, timed)
+        if decision.kind in ("reserve", "wait", "plan"):
             scanned += 1
     return out
+
+
+def _timing(entries: list[Entry], running: list[Running], world: World, now: float, rates: Rates | None) -> Timing | None:
+    """The pass's plan of deferrable work, when there is any and prices to plan it by."""
+    if rates is None or not (running or any(e.deferrable and e.deadline is not None for e in entries)):
+        return None
+    totals = {(s.cloud, s.accelerator): s.total for sites in world.sites.values() for s in sites}
+    return Timing(rates, totals, world.releases, now)
+
+
+def _consider(entry: Entry, state: _Pass, order: FairOrder, out: PassResult, prev: Decision | None,
+              timed: bool) -> Decision:
+    """Decide ``entry`` afresh: start it (its devices taken) or hold back what it waits for."""
+    decision = state.timed(entry, prev) if timed else decide(entry, state.sites(entry), state.network, state.weights)
+    out.decided += 1
+    if decision.kind == "start":
+        state.start(entry, decision)
+        order.started(entry.tenant, sum(n for _, _, n in decision.parts))
+        out.started.append((entry, decision))
+    elif decision.kind in ("reserve", "wait", "plan"):
+        state.hold_back(decision)
+    out.decisions[entry.key] = decision
+    return decision
 
 
 UNSEEN = Decision("wait", "queued: not decided yet (the entries ahead of it take every free device)")

@@ -91,7 +91,11 @@ class Choice:
 
 
 def _options(entry: Entry, priced: list[Key]) -> list[tuple[Key, ...]]:
-    """What the run may wait for: each priced pool alone, or for a spread run all its clouds at once."""
+    """What the run may wait for: each priced pool alone, or for a spread run all its clouds at once (a paused run:
+    the pools it trained on, all priced, or nothing)."""
+    if entry.parts is not None:
+        keys = tuple((c, a) for c, a, _ in entry.parts)
+        return [keys] if set(keys) <= set(priced) else []
     if entry.spread is None:
         return [(k,) for k in priced]
     first: dict[str, Key] = {}
@@ -137,8 +141,13 @@ class Timing:
             return ""
         return f"its deadline cannot be met: it needs {need:.1f} h and had {max(left, 0):.1f} h when it was submitted"
 
-    def _devices(self, entry: Entry) -> int:
-        return entry.request.devices if entry.spread is None else entry.spread.per_cloud
+    @staticmethod
+    def _counts(entry: Entry, option: tuple[Key, ...]) -> list[int]:
+        """Devices the run takes on each pool of ``option``."""
+        if entry.parts is not None:
+            held = {(c, a): n for c, a, n in entry.parts}
+            return [held[k] for k in option]
+        return [entry.request.devices if entry.spread is None else entry.spread.per_cloud] * len(option)
 
     def choose(self, entry: Entry, eligible: list[Key]) -> Choice | None:
         """The cheapest pools and start within the deadline by the entry's objective; None when none is priced."""
@@ -148,10 +157,10 @@ class Timing:
         priced = [k for k in eligible if k in self.rates.usd and (w == 0 or k in self.rates.co2)]
         if not priced or last < 0:
             return None
-        n = self._devices(entry)
-        usd = {o: sum(window_sums(self.rates.expected_usd(k), occ)[: last + 1] for k in o) * n + self._full(o, n, occ, last)
-               for o in _options(entry, priced)}
-        kg = {o: sum(window_sums(self.rates.co2[k], occ)[: last + 1] for k in o) * n for o in usd
+        counts = {o: self._counts(entry, o) for o in _options(entry, priced)}
+        usd = {o: sum(window_sums(self.rates.expected_usd(k), occ)[: last + 1] * n for k, n in zip(o, ns))
+               + self._full(o, ns, occ, last) for o, ns in counts.items()}
+        kg = {o: sum(window_sums(self.rates.co2[k], occ)[: last + 1] * n for k, n in zip(o, counts[o])) for o in usd
               if all(k in self.rates.co2 for k in o)}
         scale_usd, scale_kg = _scale(usd.values()), _scale(kg.values())
         best = None
@@ -168,11 +177,11 @@ class Timing:
         return Choice(o, s, value, value_now, float(usd[o][s]), float(usd[o][0]),
                       None if k_o is None else float(k_o[s]), None if k_o is None else float(k_o[0]))
 
-    def _full(self, option: tuple[Key, ...], devices: int, occ: np.ndarray, last: int) -> np.ndarray:
+    def _full(self, option: tuple[Key, ...], counts: list[int], occ: np.ndarray, last: int) -> np.ndarray:
         """0 for each start (0 .. last) where the running runs and the runs planned before this one leave
         ``option`` room, inf elsewhere: a run never plans for hours that others have taken already."""
         out = np.zeros(last + 1)
-        for k in option:
+        for k, devices in zip(option, counts):
             if k not in self.index:
                 continue
             room = self.free[self.index[k]] - self.planned[self.index[k]]
@@ -186,8 +195,14 @@ class Timing:
         """``entry`` waits: its deadline is protected (unless no schedule could ever meet it)."""
         if self.infeasible(entry):
             return
-        occ, n = occupancy(entry.runtime_s / 3600), self._devices(entry)
+        occ = occupancy(entry.runtime_s / 3600)
         pools = [self.index[k] for k in eligible if k in self.index]
+        if entry.parts is not None:  # each part where it is, with its own devices
+            self.items[entry.key] = [Item(f"{entry.tenant}/{entry.run_id}/{i}", self._deadline_h(entry),
+                                          (self.index[(c, a)],), devices=n, occ=occ)
+                                     for i, (c, a, n) in enumerate(entry.parts) if (c, a) in self.index]
+            return
+        n = entry.request.devices if entry.spread is None else entry.spread.per_cloud
         if entry.spread is None:
             parts = [tuple(pools)]
         else:  # each cloud's part on the first of its pools (a relaxation of starting them together)
@@ -199,13 +214,13 @@ class Timing:
         self.items[entry.key] = [Item(f"{entry.tenant}/{entry.run_id}/{i}", self._deadline_h(entry), c, devices=n,
                                       occ=occ) for i, c in enumerate(parts)]
 
-    def _all(self, without: tuple[str, str] | None = None) -> list[Item]:
+    def protected(self, without: tuple[str, str] | None = None) -> list[Item]:
         return [i for key, items in self.items.items() if key != without for i in items]
 
     def settle(self) -> None:
         """Which runs must start now for every protected deadline to keep a schedule from the next hour on."""
-        used = np.array([[float(t)] for t in self.totals]) - self.free
-        due = Guard(np.array(self.totals, dtype=float)).due_now(np.maximum(used, 0.0), self._all(), 0)
+        used = np.array(self.totals, dtype=float).reshape(-1, 1) - self.free
+        due = Guard(np.array(self.totals, dtype=float)).due_now(np.maximum(used, 0.0), self.protected(), 0)
         names = set(due.starts)
         self.due = {key for key, items in self.items.items() if any(i.name in names for i in items)}
 
@@ -219,18 +234,22 @@ class Timing:
         for cloud, accelerator, n in parts:
             if (cloud, accelerator) in self.index:
                 trial[self.index[(cloud, accelerator)], :end] -= n
-        others = self._all(without=entry.key)
+        others = self.protected(without=entry.key)
         if witness(np.maximum(trial, 0.0), others, 1).ok:
             return True
         return not witness(np.maximum(self.free, 0.0), others, 1).ok  # already lost without it: it changes nothing
+
+    def keeps_deadlines(self) -> bool:
+        """Whether an EDF schedule from the next hour on meets every protected deadline."""
+        return witness(np.maximum(self.free, 0.0), self.protected(), 1).ok
 
     def started(self, entry: Entry) -> None:
         self.items.pop(entry.key, None)
 
     def defer(self, entry: Entry, choice: Choice) -> None:
         """``entry`` waits for ``choice``: the runs planned after it in this pass leave it those hours."""
-        occ, n = occupancy(entry.runtime_s / 3600), self._devices(entry)
-        for k in choice.keys:
+        occ = occupancy(entry.runtime_s / 3600)
+        for k, n in zip(choice.keys, self._counts(entry, choice.keys)):
             if k in self.index:
                 self.planned[self.index[k], choice.start:choice.start + len(occ)] += n * occ
 
@@ -250,11 +269,12 @@ class Timing:
         at = (self.h0 + choice.start) * 3600
         saving = 100 * (1 - choice.value / choice.value_now) if choice.value_now > 0 else 0.0
         where = ", ".join(sorted({k[0] for k in choice.keys}))
-        n = self._devices(entry)
-        return Decision("plan", f"deferred by {entry.objective} to {_utc(at)} ({choice.start} h from now) on {where}: "
+        counts = self._counts(entry, choice.keys)
+        return Decision("plan", f"deferred by {entry.objective} to {utc_hour(at)} ({choice.start} h from now) on {where}: "
                         f"{saving:.0f} % less than starting now (USD {choice.usd:.4f} vs {choice.usd_now:.4f}"
-                        f"{_kg(choice)}); every deferred deadline still has a schedule",
-                        tuple((c, a, n) for c, a in choice.keys), at - self.now, planned_at=at, runtime_s=entry.runtime_s)
+                        f"{kg_text(choice)}); every deferred deadline still has a schedule",
+                        tuple((c, a, n) for (c, a), n in zip(choice.keys, counts)), at - self.now, planned_at=at,
+                        runtime_s=entry.runtime_s)
 
 
 def _scale(values) -> float:
@@ -264,11 +284,11 @@ def _scale(values) -> float:
     return max(float(got.mean()), 1e-12) if len(got) else 1.0
 
 
-def _utc(t: float) -> str:
+def utc_hour(t: float) -> str:
     import time
 
     return time.strftime("%Y-%m-%d %H:00 UTC", time.gmtime(t))
 
 
-def _kg(c: Choice) -> str:
+def kg_text(c: Choice) -> str:
     return "" if c.kg is None else f", {c.kg:.3f} vs {c.kg_now:.3f} kg CO2"

@@ -24,7 +24,8 @@ def status_dict(s: Status, now: float) -> dict:
     """One entry as the CLI and the page show it."""
     d, row = s.decision, s.row
     request = json.loads(row.request)
-    asked = (f"{request['spread']['per_cloud']} per cloud" if request.get("spread") else f"{request['devices']} in all")
+    asked = (f"{_devices(request)} it had" if request.get("parts") else
+             f"{request['spread']['per_cloud']} per cloud" if request.get("spread") else f"{request['devices']} in all")
     start = row.started_at if row.state == "running" else expected_start(s, now) if d else math.inf
     return {
         "tenant": row.tenant, "run_id": row.run_id, "state": row.state, "position": s.position,
@@ -38,6 +39,8 @@ def status_dict(s: Status, now: float) -> dict:
 
 
 def _devices(request: dict) -> int:
+    if request.get("parts"):  # a paused run asks for the devices it trained on
+        return sum(n for _, _, n in request["parts"])
     spread = request.get("spread")
     return spread["per_cloud"] * max(1, len(request.get("clouds") or [])) if spread else request["devices"]
 
