@@ -266,7 +266,11 @@ class SyncCheckpointsOperator(BaseOperator):
     outage is retried, then only logged); then it defers again, or returns the
     history after the last round. A store outage is logged and waited out. The
     watcher's state is in the run's home store, so a retried or restarted task
-    picks up where the last left off, and neither this task's failure, retry
+    picks up where the last left off. When the queue pauses the run, the watch
+    asks the clouds to stop after their next committed round, gives the
+    devices back once they have, and waits deferred on ``QueueTrigger`` until a
+    pass starts the run again; then it starts every sub-task again (each
+    resumes from its saved state) and watches on, and neither this task's failure, retry
     nor kill stops training: the ``cleanup`` teardown stops a failed or killed
     run. A program that failed, every cloud lost or no round decided within
     ``round_timeout_s`` fails this task (``ProgramError``, ``SubTaskLost``).
@@ -319,7 +323,31 @@ class SyncCheckpointsOperator(BaseOperator):
         if w.done:
             w.relay_logs()
             return [{k: v for k, v in r.items() if k not in ("clouds", "shares", "next_shares")} for r in w.history]
+        if w.paused:
+            self._wait_paused(ref)
         self._defer(since=w.since, delay=self._next_delay(event, records=bool(records)))
+
+    def _wait_paused(self, ref) -> NoReturn:
+        from crosscloud.core.federation import federation_path
+        from crosscloud_airflow.triggers import QueueTrigger
+
+        self.log.info("run %s paused: it waits in the queue, deferred, and resumes from its clouds' saved states",
+                      ref.run_id)
+        self.defer(trigger=QueueTrigger(str(federation_path(ref.federation_path)), ref.tenant, ref.run_id,
+                                        self.poll_interval * 5), method_name="resume_paused")
+
+    def resume_paused(self, context, event: dict) -> list[dict]:
+        """The queue started the paused run again (or it left the queue): its sub-tasks start again, the watch goes on."""
+        import time
+
+        from crosscloud.pipeline.subtasks import watcher
+
+        if event.get("state") != "running":
+            raise RuntimeError(f"run {self.run['run_id']} left the queue while paused: {event.get('state')} "
+                               f"({event.get('reason')})")
+        ref = run_ref(self.run)
+        watcher(ref, all_handles([self.handles]), log=self.log.info).resume()
+        self._defer(since=time.time())
 
     def _next_delay(self, event: dict, records: bool) -> float:
         """No pause after a visit that recorded a round; after one that did not, twice the last (to max_delay_s)."""

@@ -101,7 +101,8 @@ QUEUE_CLASSPATH = "crosscloud_airflow.triggers.QueueTrigger"
 
 
 class QueueTrigger(BaseTrigger):
-    """Fires when run ``run_id`` of ``tenant`` leaves the queue's waiting line: started, refused or ended.
+    """Fires when run ``run_id`` of ``tenant`` leaves the queue's waiting line (queued, or paused): started, refused
+    or ended.
 
     It holds no worker slot: the triggerer looks every ``poll_interval``
     seconds. Each look keeps the entry alive (an entry nobody looks at
@@ -134,6 +135,8 @@ class QueueTrigger(BaseTrigger):
         return self._queue.status(self.tenant, self.run_id)
 
     async def run(self) -> AsyncIterator[TriggerEvent]:
+        from crosscloud.ledger.queue import WAITING  # queued, or paused: both wait for a pass to start them
+
         said = None
         while True:
             try:
@@ -144,7 +147,7 @@ class QueueTrigger(BaseTrigger):
                 await asyncio.sleep(self.poll_interval)
                 continue
             decision = status.decision
-            if status.state != "queued" or (decision is not None and decision.kind == "never"):
+            if status.state not in WAITING or (decision is not None and decision.kind == "never"):
                 yield TriggerEvent({"state": status.state, "reason": status.explain()})
                 return
             if status.explain() != said:

@@ -3,15 +3,14 @@ submitted at once beyond capacity start in the order of the queue."""
 
 from __future__ import annotations
 
-import copy
 import os
 import subprocess
 import sys
 import threading
 import time
-from contextlib import contextmanager
 
 import pytest
+from dagruns import params_restored
 
 from crosscloud.core.federation import load_federation
 from crosscloud.core.job import JobSpec
@@ -27,20 +26,6 @@ TINY = {"rounds": 2, "inner_steps": 4, "model_size": "tiny", "global_batch": 8, 
 def _hold_beijing(run_id: str) -> None:
     """A run that holds every device of beijing (no sub-task: only its reservation)."""
     admit(load_federation(), JobSpec(clouds=["beijing"], devices_per_cloud=4), run_id, "byte-lm", 0, set(), Ledger())
-
-
-@contextmanager
-def _params_restored(dag):
-    """``dag.test(run_conf=...)`` writes the conf into the DAG's and its tasks' own Param objects (Airflow merges
-    them in place): put them back, so later runs of the session's DAG get their defaults."""
-    holders = [dag.params] + [t.params for t in dag.tasks if t.params]  # each task has Param objects of its own
-    saved = [(h, {k: copy.deepcopy(h.get_param(k).value) for k in h.keys()}) for h in holders]
-    try:
-        yield dag
-    finally:
-        for h, values in saved:
-            for k, v in values.items():
-                h.get_param(k).value = v
 
 
 def test_a_dag_run_waits_deferred_and_trains_once_its_devices_are_free(dagbag, monkeypatch):
@@ -59,7 +44,7 @@ def test_a_dag_run_waits_deferred_and_trains_once_its_devices_are_free(dagbag, m
     freer = threading.Thread(target=free_once_it_waits, daemon=True)
     freer.start()
     try:
-        with _params_restored(dagbag.get_dag("cross_cloud_training")) as dag:
+        with params_restored(dagbag.get_dag("cross_cloud_training")) as dag:
             run = dag.test(run_conf={**TINY, "clouds": ["beijing"], "priority": 2})
     finally:
         stop.set()

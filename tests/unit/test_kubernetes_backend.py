@@ -254,9 +254,10 @@ def test_operator_request_matches_the_federation(planned_run, cloud_name):
     js, want = request.spec, manifest["spec"]
     assert (js.completions, js.parallelism, js.completion_mode, js.backoff_limit) == (
         want["completions"], want["parallelism"], "Indexed", plan.spec.subtask_retries)
-    # a failed program (exit 4) or a stopped run (exit 3) fails the Job at once instead of using up its restarts
+    # a failed program (exit 4), a stopped run (exit 3) or a paused one (exit 6) fails the Job at once instead of
+    # using up its restarts
     (rule,) = sent["spec"]["podFailurePolicy"]["rules"]
-    assert rule["action"] == "FailJob" and rule["onExitCodes"]["values"] == [3, 4]
+    assert rule["action"] == "FailJob" and rule["onExitCodes"]["values"] == [3, 4, 6]
     assert bool(js.suspend) == (cloud.access.scheduler == "kueue")
     pod = js.template.spec
     (container,) = pod.containers

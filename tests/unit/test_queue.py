@@ -198,3 +198,25 @@ def test_the_queue_command_lists_explains_and_cancels_a_tenant_s_runs(tmp_path, 
     assert ledger.queue.get("team-a", "a-waits").state == "cancelled"
     with pytest.raises(SystemExit, match="name the run's tenant with one --tenant"):
         cli.main(["queue", "cancel", "--run-id", "a-waits"])
+
+
+def test_a_paused_run_gives_its_devices_back_and_waits_for_exactly_them(ledger):
+    fed, now = embedded(), [1000.0]
+    queue = Queue(fed, ledger, clock=lambda: now[0])
+    queue.submit(entry_for(fed, JobSpec(clouds=["beijing"], devices_per_cloud=2), "long", "byte-lm", 0, set(), now[0]))
+    queue.run_pass(force=True)
+    assert queue.status("team-a", "long").state == "running"
+    now[0] += 60
+    queue.progress("team-a", "long", 500.0)  # measured from its rounds: 500 s of work left
+    assert ledger.queue.get("team-a", "long").runtime_s == pytest.approx(560.0)
+    assert queue.pause("team-a", "long", 500.0) == 2  # its sub-tasks stopped after a round
+    row = ledger.queue.get("team-a", "long")
+    assert row.state == "paused" and ledger.active() == [] and row.started_at is None
+    assert row.runtime_s > 500.0  # its work left and what a pause costs
+    entry = entry_from_row(row, None)
+    assert entry.parts == (("beijing", "cpu", 2),) and entry.devices == 2
+    assert queue.pause("team-a", "long", 500.0) == 0  # paused already: nothing more to give back
+    queue.run_pass(force=True)  # nothing else wants beijing: it resumes at once on the same devices
+    assert queue.status("team-a", "long").state == "running"
+    assert [(r.cloud, r.devices) for r in ledger.active("team-a", "long")] == [("beijing", 2)]
+    assert "resumes now" in queue.status("team-a", "long").decision.reason

@@ -52,7 +52,7 @@ STATES = ("running", "succeeded", "failed", "lost")
 
 
 # the worker's exit codes that running it again cannot cure: the run was stopped, the program failed
-STOPPED, PROGRAM_FAILED, EXCHANGE_FAILED = 3, 4, 5
+STOPPED, PROGRAM_FAILED, EXCHANGE_FAILED, PAUSED = 3, 4, 5, 6
 
 
 class Backend:

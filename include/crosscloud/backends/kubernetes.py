@@ -16,7 +16,7 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from crosscloud.backends.base import PROGRAM_FAILED, STOPPED, Backend, Handle, RemoteState, SubTaskError, SubTaskSpec
+from crosscloud.backends.base import PAUSED, PROGRAM_FAILED, STOPPED, Backend, Handle, RemoteState, SubTaskError, SubTaskSpec
 from crosscloud.core.federation import Cloud, KubernetesPool
 from crosscloud.store.credentials import credential_env_names
 
@@ -177,10 +177,11 @@ def job_manifest(spec: SubTaskSpec, cloud: Cloud) -> dict:
         "parallelism": pods,
         "completionMode": "Indexed",
         # a pod that died is started again, and resumes from its cloud's state, this many times; a program
-        # that failed (exit 4) or a stopped run (exit 3) would only fail again, so it fails the Job at once
+        # that failed (exit 4), a stopped run (exit 3) or a paused one (exit 6: resumed by a new Job) would only fail
+        # again, so it fails the Job at once
         "backoffLimit": spec.retries,
         "podFailurePolicy": {"rules": [{"action": "FailJob", "onExitCodes": {"containerName": "worker", "operator": "In",
-                                                                             "values": [STOPPED, PROGRAM_FAILED]}}]},
+                                                                             "values": [STOPPED, PROGRAM_FAILED, PAUSED]}}]},
         "ttlSecondsAfterFinished": 86400,
         "template": {"metadata": {"labels": meta_labels, "annotations": pod_annotations}, "spec": pod_spec},
     }

@@ -68,6 +68,10 @@ class RunKeys:
         """The held-out loss of global ``global_``, written by the cloud that evaluated it."""
         return f"{self.root}/rounds/eval/{int(global_)}.json"
 
+    def paused(self, cloud: str) -> str:
+        """A cloud's sub-task stopped for the run's pause (which one, after which round), in the home store."""
+        return f"{self.root}/rounds/paused/{cloud}.json"
+
     @property
     def watch(self) -> str:
         """What the watcher (Airflow) knows and the clouds cannot: sub-tasks ended or restarted, clouds draining."""

@@ -147,21 +147,23 @@ class Ledger:
 
     def start(self, starts: list[tuple[int, str, str, list[tuple[str, str, int]], str, str]],
               capacity: dict[tuple[str, str], int], quotas: dict[str, dict[str, int]],
-              lease_s: float | None = None) -> list[int]:
+              lease_s: float | None = None, now: float | None = None) -> list[int]:
         """Reserve each queued run's parts and mark it running, in order, in one transaction; returns the ids started.
 
         ``starts``: (queue id, tenant, run id, parts, decision JSON, holder) as a
         scheduling pass decided them. A run whose parts no longer fit a pool or
         its tenant's quota as the reservations are now (a run admitted
         meanwhile) is left queued for the next pass: never oversubscribed; a run
-        no longer queued (cancelled, or started already) is never started again.
+        no longer waiting (cancelled, or started already) is never started again.
+        ``now``: the scheduler's clock, which the queue's times are in.
         """
         lease = lease_s or lease_seconds()
         started = []
         with backend.write(self.engine) as db:
-            now = time.time()
-            live, lapsed = self._open(db, now)
-            self._lapse(db, now, lapsed)
+            wall = time.time()
+            now = wall if now is None else now
+            live, lapsed = self._open(db, wall)
+            self._lapse(db, wall, lapsed)
             usage = Usage.of(live)
             for rid, tenant, run_id, parts, decision, holder in starts:
                 asked: dict[tuple[str, str], int] = {}
@@ -171,13 +173,14 @@ class Ledger:
                     _check(tenant, asked, usage, capacity, quotas.get(tenant, {}))
                 except ReservationError:
                     continue
-                turned = db.execute(sa.update(queue_entries).where(queue_entries.c.id == rid, queue_entries.c.state == "queued")
+                turned = db.execute(sa.update(queue_entries).where(queue_entries.c.id == rid,
+                                                                   queue_entries.c.state.in_(queue_rows.WAITING))
                                     .values(state="running", started_at=now, decision=decision, decided_at=now)).rowcount
                 if not turned:  # cancelled, or started by another pass meanwhile: never started twice
                     continue
                 db.execute(sa.insert(reservations), [
-                    {"tenant": tenant, "run_id": run_id, "cloud": c, "accelerator": a, "devices": n, "created_at": now,
-                     "holder": holder or default_holder(), "lease_expires_at": now + lease} for (c, a), n in asked.items()])
+                    {"tenant": tenant, "run_id": run_id, "cloud": c, "accelerator": a, "devices": n, "created_at": wall,
+                     "holder": holder or default_holder(), "lease_expires_at": wall + lease} for (c, a), n in asked.items()])
                 for (c, a), n in asked.items():
                     usage.pools[(c, a)] = usage.pool(c, a) + n
                     usage.tenants[(tenant, c)] = usage.tenant(tenant, c) + n
@@ -210,7 +213,25 @@ class Ledger:
                    .values(released_at=now, release_reason=reason).returning(*HELD))
             rows = db.execute(end).all()
             self._record(db, now, "released", rows, [reason] * len(rows))
-            queue_rows.end(db, tenant, run_id, ("running",), "done", reason, now)
+            queue_rows.end(db, tenant, run_id, ("running", "paused"), "done", reason, now)
+            return sum(row.devices for row in rows)
+
+    def pause(self, tenant: str, run_id: str, request: str, runtime_s: float, decision: str, now: float) -> int:
+        """A running run paused: its devices given back and its entry waiting again, with what it asks for to resume
+        (``request``, ``runtime_s``), in one transaction; returns the devices it held (0: it was not running)."""
+        with backend.write(self.engine) as db:
+            turned = db.execute(sa.update(queue_entries).where(
+                queue_entries.c.tenant == tenant, queue_entries.c.run_id == run_id, queue_entries.c.state == "running")
+                .values(state="paused", request=request, runtime_s=runtime_s, started_at=None, decision=decision,
+                        decided_at=now, seen_at=now)).rowcount
+            if not turned:
+                return 0
+            wall = time.time()
+            end = (sa.update(reservations).where(_live(wall), R.tenant == tenant, R.run_id == run_id)
+                   .values(released_at=wall, release_reason="paused").returning(*HELD))
+            rows = db.execute(end).all()
+            self._record(db, wall, "released", rows, ["paused: it resumes from its saved state"] * len(rows))
+            queue_rows.bump(db)
             return sum(row.devices for row in rows)
 
     def reap(self, now: float | None = None) -> list[Reservation]:

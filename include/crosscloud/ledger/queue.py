@@ -88,6 +88,12 @@ class QueueStore:
         with backend.read(self.engine) as db:
             return [tuple(r) for r in db.execute(query)]
 
+    def estimate(self, tenant: str, run_id: str, runtime_s: float) -> None:
+        """A running run's run time, measured from its rounds so far (the releases a pass expects move with it)."""
+        with backend.write(self.engine, lock=False, durable=False) as db:
+            db.execute(sa.update(queue_entries).where(Q.tenant == tenant, Q.run_id == run_id, Q.state == "running")
+                       .values(runtime_s=runtime_s))
+
     def touch(self, tenant: str, run_id: str, now: float) -> None:
         """The run's waiter is still there (an entry nobody looks at expires)."""
         with backend.write(self.engine, lock=False, durable=False) as db:

@@ -12,6 +12,7 @@ from crosscloud.core.federation import Federation
 from crosscloud.ledger import Ledger
 from crosscloud.run.plan import Plan
 from crosscloud.run.ref import RunRef
+from crosscloud.scheduler.service import Queue
 from crosscloud.store.chunks import ChunkIndex, warmth
 from crosscloud.store.credentials import credentials_env
 from crosscloud.store.network import nearest_first, network, store_seen_from
@@ -78,5 +79,6 @@ def watcher(ref: RunRef, handles: list[Handle], log: Callable[[str], None] = pri
     """
     fed, plan = ref.load()
     stores = {c.name: store_seen_from(fed, c.name, plan.coordinator_cloud, plan.tenant) for c in plan.clouds}
-    return Watcher(plan, stores, handles, log=log, restart=lambda cloud: dispatch_stage(ref, cloud), ledger=Ledger(),
-                   since=since)
+    ledger = Ledger()
+    return Watcher(plan, stores, handles, log=log, restart=lambda cloud: dispatch_stage(ref, cloud), ledger=ledger,
+                   since=since, queue=Queue(fed, ledger))

@@ -12,6 +12,13 @@ longer fits, so a pool or a quota is never oversubscribed.
 
 A waiting entry is kept alive by its waiter (``touch``): one that nobody has
 looked at for a lease expires, so a vanished waiter never blocks the queue.
+
+A running deferrable run with a deadline may be paused by a pass
+(``pauses``): its decision turns ``pause``; its watcher, which looks here
+(``pause_asked``), has its sub-tasks stop after their next committed round,
+then ``pause`` gives its devices back and puts it in line again for exactly
+those devices, with the work it has left (measured from its rounds,
+``progress``).
 """
 
 from __future__ import annotations
@@ -19,24 +26,31 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from crosscloud.core.federation import Federation
 from crosscloud.energy.prices import CsvFeed
 from crosscloud.ledger import Ledger, Usage, lease_seconds
 from crosscloud.ledger import engine as backend
 from crosscloud.ledger.queue import WAITING
+from crosscloud.ledger.records import Reservation
 from crosscloud.ledger.records import QueueRow
 from crosscloud.pool.inventory import before_admission
 from crosscloud.pool.placement import TransferTime, Weights
 from crosscloud.scheduler.entry import Decision, Entry, decision_from_json, decision_json, entry_from_row, request_json
 from crosscloud.scheduler.order import ordered
 from crosscloud.scheduler.passes import PassResult, World, run_pass
+from crosscloud.scheduler.pauses import Running, pausable, resumed
 from crosscloud.scheduler.prices import federation_rates
 from crosscloud.scheduler.timing import Rates
 from crosscloud.store.network import network
 
 Clock = Callable[[], float]
+
+
+def wall_clock() -> float:
+    """The scheduler's time: the wall clock (the tests move it)."""
+    return time.time()
 
 
 @dataclass(frozen=True)
@@ -60,10 +74,11 @@ class Status:
 class Queue:
     """The federation's one queue, in ``ledger``; ``clock`` is injectable (the tests move it)."""
 
-    def __init__(self, fed: Federation, ledger: Ledger, clock: Clock = time.time, max_scan: int = 256,
+    def __init__(self, fed: Federation, ledger: Ledger, clock: Clock | None = None, max_scan: int = 256,
                  refresh_s: float = 30.0, weights: Weights = Weights(), net: TransferTime | None = None,
                  rates: Callable[[float], Rates | None] | None = None):
-        self.fed, self.ledger, self.clock = fed, ledger, clock
+        self.fed, self.ledger = fed, ledger
+        self.clock = clock or (lambda: wall_clock())
         self._feed = CsvFeed()
         # the prices and carbon deferrable runs are planned by: the federation's grids through the feeds
         self.rates = rates or (lambda now: federation_rates(fed, now, self._feed))
@@ -107,33 +122,37 @@ class Queue:
                 return None
             version, seen, passed_at = self.ledger.queue.version()
             now = self.clock()
-            if not force and version == seen and passed_at is not None and now - passed_at < self.refresh_s:
+            # a clock stepped back (NTP) does not hold passes off
+            if not force and version == seen and passed_at is not None and 0 <= now - passed_at < self.refresh_s:
                 return None
             expired = self.ledger.queue.expire(now - lease_seconds(), now)
-            rows = self.ledger.queue.rows(("queued",))
-            result = self._decide(rows, now) if rows else PassResult({}, [])
+            rows, running = self.ledger.queue.rows(WAITING), self.ledger.queue.rows(("running",))
+            result = self._decide(rows, running, now) if rows or running else PassResult({}, [])
             # its own changes (each bumped the version once) are seen; another host's meanwhile are not
             self.ledger.queue.passed(version + bool(expired) + bool(result.started), now)
             return result
 
     def _decided(self, tenant: str, run_id: str, since: float) -> bool:
         row = self.ledger.queue.get(tenant, run_id)
-        return row is not None and (row.state != "queued" or (row.decided_at or -1.0) >= since)
+        return row is not None and (row.state not in WAITING or (row.decided_at or -1.0) >= since)
 
-    def _decide(self, rows: list[QueueRow], now: float) -> PassResult:
+    def _decide(self, rows: list[QueueRow], running_rows: list[QueueRow], now: float) -> PassResult:
         entries = [self._entry(r) for r in rows]
-        world = self.world(entries, now)
+        active = self.ledger.active()
+        running = self._running(running_rows, active, now)
+        world = self.world(entries + [r.entry for r in running], now, active)
         previous = {(r.tenant, r.run_id): decision_from_json(r.decision) for r in rows}
-        rates = self.rates(now) if any(e.deferrable and e.deadline is not None for e in entries) else None
+        deferrable = running or any(e.deferrable and e.deadline is not None for e in entries)
+        rates = self.rates(now) if deferrable else None
         result = run_pass(entries, world, now, self.network, {k: d for k, d in previous.items() if d},
-                          self.weights, self.max_scan, rates)
+                          self.weights, self.max_scan, rates, running)
         ids = {(r.tenant, r.run_id): r.id for r in rows}
         capacity = {(c.name, p.accelerator): p.count for c in self.fed.clouds for p in c.pools}
         holders = {r.id: r.holder for r in rows}
         # each under its own waiter's name: where to look when its lease lapses
         starts = [(ids[e.key], e.tenant, e.run_id, list(d.parts), decision_json(d), holders[ids[e.key]])
                   for e, d in result.started]
-        started = set(self.ledger.start(starts, capacity, self.quotas))
+        started = set(self.ledger.start(starts, capacity, self.quotas, now=now))
         late = [(e, d) for e, d in result.started if ids[e.key] not in started]  # another host took them first
         result.started = [(e, d) for e, d in result.started if ids[e.key] in started]
         for e, d in late:
@@ -141,19 +160,66 @@ class Queue:
                                                "the next pass decides it again", considered=d.considered)
         changed = [(ids[k], decision_json(d)) for k, d in result.decisions.items()
                    if ids[k] not in started and d != previous.get(k)]
+        running_ids = {(r.tenant, r.run_id): r.id for r in running_rows}
+        changed += [(running_ids[e.key], decision_json(d)) for e, d in result.paused]
         self.ledger.queue.record(changed, now)
         return result
 
+    def _running(self, rows: list[QueueRow], active: list[Reservation], now: float) -> list[Running]:
+        """The running runs a pass may pause: deferrable with a deadline, not asked to pause yet, with the devices
+        they hold and the work they have left."""
+        held: dict[tuple[str, str], list[tuple[str, str, int]]] = {}
+        for r in active:
+            held.setdefault((r.tenant, r.run_id), []).append((r.cloud, r.accelerator, r.devices))
+        out = []
+        for row in rows:
+            parts = held.get((row.tenant, row.run_id))
+            asked = (decision_from_json(row.decision) or Decision("start", "")).kind == "pause"
+            if not parts or asked or row.started_at is None:
+                continue
+            end = row.started_at + row.runtime_s
+            entry = replace(self._entry(row), parts=tuple(sorted(parts)), runtime_s=max(end - now, 0.0))
+            if pausable(entry):
+                out.append(Running(entry, max(end, now + 60.0)))
+        return out
+
+    # -- a running run's side: its progress, and a pause ----------------------------------
+    def progress(self, tenant: str, run_id: str, remaining_s: float) -> None:
+        """The run's work left, measured from its rounds: its expected end moves with it."""
+        row = self.ledger.queue.get(tenant, run_id)
+        if row is not None and row.state == "running" and row.started_at is not None:
+            self.ledger.queue.estimate(tenant, run_id, max(self.clock() - row.started_at, 0.0) + remaining_s)
+
+    def pause_asked(self, tenant: str, run_id: str) -> Decision | None:
+        """The pause a pass decided for this running run, if any (a pass runs first if one is due)."""
+        self.run_pass(blocking=False)
+        row = self.ledger.queue.get(tenant, run_id)
+        decision = decision_from_json(row.decision) if row is not None and row.state == "running" else None
+        return decision if decision is not None and decision.kind == "pause" else None
+
+    def pause(self, tenant: str, run_id: str, remaining_s: float) -> int:
+        """The run's sub-tasks stopped after a committed round: its devices go back and it waits for exactly them,
+        with ``remaining_s`` of work left; returns the devices it gave back."""
+        row = self.ledger.queue.get(tenant, run_id)
+        if row is None or row.state != "running":
+            return 0
+        parts = tuple(sorted((r.cloud, r.accelerator, r.devices) for r in self.ledger.active(tenant, run_id)))
+        entry = resumed(replace(self._entry(row), parts=parts, runtime_s=remaining_s))
+        asked = decision_from_json(row.decision)
+        decision = replace(asked, reason=f"paused: {asked.reason}") if asked else Decision("wait", "paused")
+        return self.ledger.pause(tenant, run_id, request_json(entry), entry.runtime_s, decision_json(decision),
+                                 self.clock())
+
     def _entry(self, row: QueueRow) -> Entry:
-        key = (row.id, row.submitted_at)
+        key = (row.id, row.submitted_at, row.request)
         got = self._entries.get(key)
         if got is None:
             got = self._entries[key] = entry_from_row(row, self.quotas.get(row.tenant, {}))
         return got
 
-    def world(self, entries: list[Entry], now: float) -> World:
+    def world(self, entries: list[Entry], now: float, active: list[Reservation] | None = None) -> World:
         """The pools as the pass sees them now: free devices, quotas left, expected releases, each tenant's use."""
-        active = self.ledger.active()
+        active = self.ledger.active() if active is None else active
         usage = Usage.of(active)
         inventory = before_admission(self.fed, self.ledger).with_usage(usage)
         sites = {f: inventory.sites(f) for f in {e.request.family for e in entries}}

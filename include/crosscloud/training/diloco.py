@@ -14,6 +14,7 @@ committed empty without the loop's help.
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import time
@@ -31,11 +32,13 @@ from crosscloud.store.tensors import to_bytes
 from crosscloud.training.checkpoint import global_params
 from crosscloud.training.compression import ErrorFeedback
 from crosscloud.training.exchange.cloud import CloudExchange, RoundResult, spool_folder, write_evaluation
+from crosscloud.training.exchange.members import read_watch
 from crosscloud.training.exchange.tensorfile import TensorFile
 from crosscloud.training.program import ProgramError, load_program, local_file
 from crosscloud.training.resume import CloudState, save_state
 from crosscloud.training.rounds import DelayedGlobal, RoundWork, round_line, throttle, wait_for_commit
 from crosscloud.training.session import Run, load_params, parameters, rank_batch
+from crosscloud.training.stopped import Paused
 
 
 def _fp32(model: torch.nn.Module) -> dict[str, torch.Tensor]:
@@ -254,10 +257,35 @@ class DiLoCo:
         while self.known.round < need:
             self._fold_in()
         meta = self.known.metas.get(need, {})
+        if meta.get("pause") and (pause := self._pause_asked(meta["pause"])):
+            self._pause(r, pause)
         self.share = meta.get("next_shares", {}).get(self.run.cloud, self.share)  # moved shares
         self.cap = meta.get("caps", {}).get(self.run.cloud, {"cap": 1.0, "throughput": 1.0})  # a grid request's cap
         self.ready = {"wait_s": time.perf_counter() - t3, "download_s": 0.0}
         self._begin_round(r + 1)
+
+    def _pause_asked(self, pause: str) -> str:
+        """``pause`` unless the run resumed from it already (a sub-task started again after it passes it); rank 0
+        reads the watcher's notes, the other ranks take its answer."""
+        if self.run.rank == 0:
+            pause = "" if pause in read_watch(self.exchange.decider.home, self.plan).get("resumed", []) else pause
+        if self.run.world_size > 1:
+            box = [pause]
+            dist.broadcast_object_list(box, 0)
+            pause = box[0]
+        return pause
+
+    def _pause(self, r: int, pause: str) -> None:
+        """Stop after round ``r``: its global made and committed here first, so no committed round is lost; the
+        state saved with round ``r`` is where a sub-task started again goes on."""
+        while self.known.round < r + 1:
+            self._fold_in()
+        if self.exchange:
+            self.exchange.close()
+            home = self.exchange.decider.home
+            home.put(self.keys.paused(self.run.cloud), json.dumps({"pause": pause, "round": r, "at": time.time()}).encode())
+        print(f"round {r}: committed; the run pauses here ({pause}) and resumes from this round", flush=True)
+        raise Paused(f"run {self.plan.run_id} paused after round {r}")
 
     def _ready(self) -> bool:
         """Whether the exchange in flight has made its global (rank 0 looks; every rank learns the answer)."""
@@ -274,7 +302,8 @@ class DiLoCo:
         Rank 0 reads the new global from its file; the other ranks of the cloud receive each tensor from it.
         """
         result: RoundResult | None = self.inflight.result() if self.inflight is not None else None
-        meta = {"next_shares": result.members.next_shares, "caps": result.members.caps} if result else {}
+        meta = ({"next_shares": result.members.next_shares, "caps": result.members.caps, "pause": result.members.pause}
+                if result else {})
         if self.run.world_size > 1:
             box = [meta]
             dist.broadcast_object_list(box, 0)

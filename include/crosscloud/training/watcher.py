@@ -9,6 +9,14 @@ spent, tells the clouds it is lost; it notes draining clouds for the clouds'
 next round decisions; and it turns each decided round into its record
 (history.json, MLflow). A watcher killed or restarted leaves training alone: it
 picks the history up where history.json ends.
+
+It is also the run's side of the federation's queue (``queue``, a
+``crosscloud.scheduler.service.Queue``): it reports the run's work left,
+measured from its rounds, and when a pass decides to pause the run, it asks
+the clouds (its notes) to stop after their next committed round. Once every
+sub-task has stopped there, it gives the devices back (``Queue.pause``); when
+the queue starts the run again, ``resume`` starts every sub-task again, and
+each goes on from its saved state.
 """
 
 from __future__ import annotations
@@ -29,6 +37,7 @@ from crosscloud.training.exchange.members import Members, global_report, read_me
 from crosscloud.training.program import ProgramError
 
 POLL_S = 2.0  # a look reads a few objects of the home store: at most about 2 requests a second
+QUEUE_LOOK_S = 10.0  # how often a watch asks the queue whether the run is to pause
 Restart = Callable[[str], Handle]
 
 
@@ -40,8 +49,10 @@ class Watcher:
     """The watch over one run; ``stores`` are the run clouds' stores as the watcher's host reaches them."""
 
     def __init__(self, plan: Plan, stores: dict[str, ObjectStore], handles: list[Handle], log: Callable[[str], None] = print,
-                 restart: Restart | None = None, ledger: Ledger | None = None, since: float | None = None):
-        self.plan, self.stores, self.log, self.restart = plan, stores, log, restart
+                 restart: Restart | None = None, ledger: Ledger | None = None, since: float | None = None,
+                 queue=None):
+        self.plan, self.stores, self.log, self.restart, self.queue = plan, stores, log, restart, queue
+        self._looked_at = float("-inf")
         self.home = stores[plan.coordinator_cloud]
         self.ledger = ledger
         self.lease = Lease(plan.tenant, plan.run_id, ledger, log) if ledger is not None else None
@@ -50,12 +61,26 @@ class Watcher:
         for key in ("lost", "restarted_at", "ended", "log_offsets"):
             self.notes.setdefault(key, {})
         self.notes.setdefault("draining", [])
+        self.notes.setdefault("resumed", [])  # the pauses the run has resumed from
         self.history = load_history(self.home, plan)
         self.since = since or time.time()  # the last progress seen: this watch's start (or an earlier one's), each round
 
     @property
     def done(self) -> bool:
         return len(self.history) >= self.plan.spec.rounds
+
+    @property
+    def paused(self) -> bool:
+        """Every sub-task still in the run stopped for the pause asked, after a committed round."""
+        if not self.notes.get("pause"):
+            return False
+        stopped = {c for c, why in self.notes["ended"].items() if why.startswith("paused")}
+        return bool(stopped) and stopped >= {c.name for c in self.plan.clouds} - set(self.notes["lost"])
+
+    def remaining_s(self) -> float:
+        """The run's work left: its rounds left at the wall time of its last rounds."""
+        walls = [r["wall_s"] for r in self.history[-3:]]
+        return (self.plan.spec.rounds - len(self.history)) * (sum(walls) / len(walls) if walls else 0.0)
 
     def _backend(self, handle: Handle) -> Backend:
         return get_backend(handle["backend"])
@@ -80,10 +105,14 @@ class Watcher:
             self.lease.renew()
         if self.done:
             return "done"
+        if self.paused:
+            return "paused" if self.notes["pause"].get("released") else "paused: its devices to give back"
         if self._record(len(self.history)) is not None:  # decided, its global made, evaluated where due
             return f"round {len(self.history)} to record"
         if ended := self._ended():
             return f"sub-task ended: {ended}"
+        if (asked := self._pause_asked()) is not None:
+            return f"the queue pauses the run: {asked.reason}"
         if self.ledger is not None and sorted(self._draining()) != sorted(self.notes["draining"]):
             return "draining changed"
         if time.time() - self.since > self.plan.spec.round_timeout_s:
@@ -94,7 +123,7 @@ class Watcher:
         """Restart or give up dead sub-tasks, note draining clouds, record every decided round; the new records."""
         if self.lease is not None:
             self.lease.renew()
-        changed = self._see_to_ended()
+        changed = self._see_to_ended() | self._ask_pause()
         if self.ledger is not None and sorted(draining := self._draining()) != sorted(self.notes["draining"]):
             self.notes["draining"], changed = sorted(draining), True
         self.relay_logs()
@@ -112,6 +141,10 @@ class Watcher:
                 on_round(record)
         if records:
             self.since = time.time()
+            if self.queue is not None and not self.done:
+                self.queue.progress(self.plan.tenant, self.plan.run_id, self.remaining_s())
+        if self.paused:
+            self._give_back()
         elif not self.done and time.time() - self.since > self.plan.spec.round_timeout_s:
             raise SubTaskLost(f"round {len(self.history)}: no round decided within {self.plan.spec.round_timeout_s:.0f} s"
                               f"{self._silent()}")
@@ -128,14 +161,83 @@ class Watcher:
                 "(cc.init(), cc.DiLoCo and diloco.step()), see docs/programs.md")
 
     def run(self, on_round: Callable[[dict], None] | None = None, poll_s: float = POLL_S) -> list[dict]:
-        """Watch until every round is recorded: ``act`` whenever ``peek`` finds something (in this process)."""
+        """Watch until every round is recorded: ``act`` whenever ``peek`` finds something (in this process); a paused
+        run waits here in the queue, then resumes."""
         while not self.done:
             if self.peek() is not None:
                 self.act(on_round)
-            if not self.done:
+            if self.paused:
+                self._wait_in_queue(poll_s)
+                self.resume()
+            elif not self.done:
                 time.sleep(poll_s)
         self.relay_logs()
         return self.history
+
+    # -- the queue's side: a pause and the resume -----------------------------------------
+    def _pause_asked(self):
+        """The queue's pause decision for the run, looked up at most every ``QUEUE_LOOK_S``; None when none is
+        asked, or it was asked already."""
+        if self.queue is None or self.notes.get("pause") or time.monotonic() - self._looked_at < QUEUE_LOOK_S:
+            return None
+        self._looked_at = time.monotonic()
+        return self.queue.pause_asked(self.plan.tenant, self.plan.run_id)
+
+    def _ask_pause(self) -> bool:
+        """Ask the clouds to stop after their next committed round, if the queue pauses the run; whether it did."""
+        self._looked_at = float("-inf")
+        asked = self._pause_asked()
+        if asked is None or self.done:
+            return False
+        self.notes["pause"] = {"id": f"pause-{len(self.notes['resumed']) + 1}", "reason": asked.reason,
+                               "asked_at": time.time()}
+        self.log(f"the queue pauses the run after its next committed round: {asked.reason}")
+        return True
+
+    def paused_after(self, cloud: str) -> int | None:
+        """The round after which ``cloud``'s sub-task stopped for the pause asked; None when it did not."""
+        try:
+            marker = json.loads(self.home.get(self.plan.keys.paused(cloud)))
+        except ObjectNotFound:
+            return None
+        return marker["round"] if marker.get("pause") == self.notes["pause"]["id"] else None
+
+    def _give_back(self) -> None:
+        """Every sub-task stopped for the pause: the devices go back to the queue, where the run waits again."""
+        if self.notes["pause"].get("released"):
+            return
+        freed = self.queue.pause(self.plan.tenant, self.plan.run_id, self.remaining_s()) if self.queue else 0
+        self.notes["pause"]["released"] = True
+        self.home.put(self.plan.keys.watch, json.dumps(self.notes).encode())
+        self.log(f"paused after round {len(self.history) - 1}: {freed} device(s) given back; the run waits in the "
+                 "queue for them and resumes from its clouds' saved states")
+
+    def _wait_in_queue(self, poll_s: float) -> None:
+        """Wait (in this process) until a pass starts the paused run again."""
+        while True:
+            self.queue.touch(self.plan.tenant, self.plan.run_id)
+            self.queue.run_pass()
+            status = self.queue.status(self.plan.tenant, self.plan.run_id)
+            if status.state == "running":
+                return
+            if status.state not in ("queued", "paused"):
+                raise SubTaskLost(f"run {self.plan.run_id} left the queue while paused: {status.state} "
+                                  f"({status.row.end_reason})")
+            time.sleep(poll_s)
+
+    def resume(self) -> None:
+        """The queue started the paused run again: every paused sub-task starts again and resumes from its state."""
+        pause = self.notes.pop("pause")
+        self.notes["resumed"].append(pause["id"])  # before the restarts: a sub-task passes a pause it resumed from
+        self.home.put(self.plan.keys.watch, json.dumps(self.notes).encode())
+        for cloud, why in sorted(self.notes["ended"].items()):
+            if why.startswith("paused"):
+                del self.notes["ended"][cloud]
+                self.notes["handles"][cloud] = self.restart(cloud)
+                self.notes["restarted_at"][cloud] = time.time()
+        self.home.put(self.plan.keys.watch, json.dumps(self.notes).encode())
+        self.since = time.time()
+        self.log(f"resumed after {pause['id']}: every cloud's sub-task started again from its saved state")
 
     def _draining(self) -> set[str]:
         members = self.ledger.memberships()
@@ -147,6 +249,9 @@ class Watcher:
         for cloud, state in ended.items():
             handle = self.notes["handles"][cloud]
             self.relay_logs()
+            if self.notes.get("pause") and (after := self.paused_after(cloud)) is not None:
+                self.notes["ended"][cloud] = f"paused after round {after}"
+                continue
             code = self._backend(handle).exit_code(handle)
             if code == PROGRAM_FAILED:
                 name = self.plan.program.name if self.plan.program else "?"
@@ -168,7 +273,7 @@ class Watcher:
         gone = set(self.notes["lost"]) | set(self.notes["ended"])
         # a sub-task that succeeded committed and folded in every round: they are all decided, the records follow
         finished = any(why.startswith("sub-task succeeded") for why in self.notes["ended"].values())
-        if ended and not self.done and not finished and gone >= {c.name for c in self.plan.clouds}:
+        if ended and not self.done and not finished and not self.paused and gone >= {c.name for c in self.plan.clouds}:
             raise SubTaskLost(f"every cloud of run {self.plan.run_id} is lost: "
                               f"{ {**self.notes['ended'], **self.notes['lost']} }")
         return bool(ended)

@@ -6,7 +6,8 @@ the data, so a changed program needs no new image), sets the environment
 the cloud, several devices are several ranks launched by torchrun.
 
 Exit codes: 0 the program trained every round; 3 the run was stopped (or the
-cloud lost from it); 5 the round exchange failed (a store past its retries):
+cloud lost from it); 6 the run paused after a committed round (started again,
+it resumes); 5 the round exchange failed (a store past its retries):
 started again, it resumes;
 4 the program failed (not found, did not import, raised, or broke the SDK's
 contract), reported with the program, the cloud and the traceback: running it
@@ -26,7 +27,7 @@ import traceback
 
 import torch.distributed as dist
 
-from crosscloud.backends.base import EXCHANGE_FAILED, PROGRAM_FAILED, STOPPED
+from crosscloud.backends.base import EXCHANGE_FAILED, PAUSED, PROGRAM_FAILED, STOPPED
 from crosscloud.core.federation import load_federation
 from crosscloud.run.plan import Plan
 from crosscloud.store.base import StoreError
@@ -34,7 +35,7 @@ from crosscloud.store.open_store import open_store
 from crosscloud.training import session
 from crosscloud.training.diloco import check_finished
 from crosscloud.training.program import ProgramError, local_file
-from crosscloud.training.stopped import Stopped
+from crosscloud.training.stopped import Paused, Stopped
 
 
 def _program_file(args: argparse.Namespace) -> tuple[str, str]:
@@ -56,6 +57,9 @@ def run_program(path: str, name: str, cloud: str) -> int:
     except Stopped as exc:
         print(f"stopping: {exc}", file=sys.stderr, flush=True)
         return STOPPED
+    except Paused as exc:
+        print(f"pausing: {exc}", file=sys.stderr, flush=True)
+        return PAUSED
     except SystemExit as exc:
         if exc.code not in (None, 0):
             print(f"crosscloud: program {name} exited with {exc.code} on cloud {cloud}", file=sys.stderr, flush=True)

@@ -50,6 +50,7 @@ class Members:
     decided_at: float
     decided_by: str
     walls: list[float] = field(default_factory=list)  # the last rounds' wall times, for patience
+    pause: str = ""  # the run pauses after this round: the pause's id (the watcher's notes ask for it)
 
     def to_bytes(self) -> bytes:
         return json.dumps(asdict(self), sort_keys=True).encode()
@@ -199,7 +200,8 @@ class RoundDecider:
         nxt, caps = self._next_round(shares, contributions, set(gone), set(watch.get("draining", [])))
         members = Members(round=round_, contributions=contributions, shares=shares, lost=away, gone=gone,
                           next_shares=nxt, caps=caps, evaluator=evaluator, decided_at=now, decided_by=self.cloud,
-                          walls=(walls + [now - before.decided_at])[-3:] if before else [])
+                          walls=(walls + [now - before.decided_at])[-3:] if before else [],
+                          pause=(watch.get("pause") or {}).get("id", ""))
         if not self.home.put_if_absent(self.plan.keys.members(round_), members.to_bytes()):
             members = read_members(self.home, self.plan, round_)  # another cloud decided first: its record holds
         self.known[round_] = members
