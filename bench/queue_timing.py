@@ -78,7 +78,7 @@ def rates(clouds: Sequence[CloudSpec], prices: View, carbon: View | None, hour: 
 def run_queue(jobs: Sequence[TrainingJob], batches: Sequence[BatchJob], clouds: Sequence[CloudSpec], horizon: int,
               prices: View, t0: int, objective: str = "cost", carbon: View | None = None,
               batch_devices: int = 4, known_until: Callable[[int], int] | None = None,
-              band: dict[str, float] | None = None) -> Schedule:
+              band: dict[str, float] | None = None, make_room: bool = False) -> Schedule:
     """The schedule the production queue makes of the work, hours relative to ``t0``."""
     pending = entries(jobs, batches, t0, objective, batch_devices)
     sites = [Site(c.name, ACC, c.jurisdiction, int(c.devices), int(c.devices), families=frozenset({FAMILY}))
@@ -97,17 +97,19 @@ def run_queue(jobs: Sequence[TrainingJob], batches: Sequence[BatchJob], clouds: 
             continue
         seen = rates(clouds, prices, carbon, t0 + hour, t0 + horizon, known_until, band)
         for _ in range(3):  # a pause gives devices back, which is a change: the queue runs its next pass at once
-            waiting, previous, paused = _pass(sim, sites, waiting, previous, now, seen)
+            waiting, previous, paused = _pass(sim, sites, waiting, previous, now, seen, make_room)
             if not paused:
                 break
     return _finish(sim.out, jobs, batches, waiting)
 
 
-def _pass(sim: _Sim, sites: list[Site], waiting: list[Entry], previous: dict, now: float, seen: Rates):
+def _pass(sim: _Sim, sites: list[Site], waiting: list[Entry], previous: dict, now: float, seen: Rates,
+          make_room: bool = False):
     """One pass of the production queue at ``now``; the runs it starts run, those it pauses stop."""
     world = World({FAMILY: [replace(s, free=sim.free[(s.cloud, ACC)]) for s in sites]}, dict(sim.free),
                   {key: list(v) for key, v in sim.releases.items()})
-    result = run_pass(waiting, world, now, lambda *a: 0.0, previous, rates=seen, running=sim.as_running(now))
+    result = run_pass(waiting, world, now, lambda *a: 0.0, previous, rates=seen, running=sim.as_running(now),
+                      make_room_for_due=make_room)
     started = set()
     for entry, d in result.started:
         sim.start(entry, d, now)

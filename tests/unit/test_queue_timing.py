@@ -221,13 +221,38 @@ def test_a_paused_run_resumes_on_exactly_the_devices_of_its_saved_state():
 
 
 def test_no_pause_that_would_leave_a_waiting_run_s_deadline_without_a_schedule():
-    # 2 devices: r holds both with 3 h left; w (3 h on both) waits; both due by hour 6. Paused, r would run
-    # from hour 1 at the earliest and w after it, past hour 6: the guard keeps r running though hours 2-6 are cheap
-    r = _running("r", devices=2, left_h=3.0, deadline_h=6.0)
-    w = _entry("w", devices=2, runtime_h=3.0, deadline_h=6.0)
+    # 2 devices: r holds both with 3 h left; w (3 h on both) waits; both due by hour 7. Paused, r would run from
+    # hour 1 at the earliest and w after it (or the reverse), past hour 7: the guard keeps r running
+    r = _running("r", devices=2, left_h=3.0, deadline_h=7.0)
+    w = _entry("w", devices=2, runtime_h=3.0, deadline_h=7.0)
     result = run_pass([w], _holding(_world(devices=2), r), NOW, lambda *a: 0.0, rates=_rates(SPIKE_NOW), running=[r])
     assert result.paused == []
-    alone = _running("r", devices=2, left_h=3.0, deadline_h=6.0)  # without w it would be paused
+    alone = _running("r", devices=2, left_h=3.0, deadline_h=7.0)  # without w it would be paused
     result = run_pass([], _holding(_world(devices=2), alone), NOW, lambda *a: 0.0, rates=_rates(SPIKE_NOW),
                       running=[alone])
     assert [d.kind for _, d in result.paused] == ["pause"]
+
+
+def test_a_paused_run_is_not_paused_again_and_keeps_slack_for_later_work():
+    from dataclasses import replace
+
+    once = _running("once", left_h=3.0, deadline_h=10.0)
+    again = type(once)(replace(once.entry, paused_before=True), once.until)
+    result = run_pass([], _holding(_world(), again), NOW, lambda *a: 0.0, rates=_rates(SPIKE_NOW), running=[again])
+    assert result.paused == []
+    # resumed at hour 2 it would end at 5: a deadline at 6 leaves 1 h, under half its 3 h of work
+    thin = _running("thin", left_h=3.0, deadline_h=6.0)
+    result = run_pass([], _holding(_world(), thin), NOW, lambda *a: 0.0, rates=_rates(SPIKE_NOW), running=[thin])
+    assert result.paused == []
+
+
+def test_a_due_run_that_finds_no_devices_pauses_a_running_deferrable_one_when_asked_to():
+    r = _running("r", devices=4, left_h=2.0, deadline_h=20.0)  # all of A, much slack left
+    due = _entry("due", devices=4, runtime_h=2.0, deadline_h=2.5)  # it must start now
+    flat = _rates([5.0] * 200)  # no price reason to pause
+    result = run_pass([due], _holding(_world(), r), NOW, lambda *a: 0.0, rates=flat, running=[r])
+    assert result.paused == [] and result.decisions[("t", "due")].kind != "start"
+    result = run_pass([due], _holding(_world(), r), NOW, lambda *a: 0.0, rates=flat, running=[r],
+                      make_room_for_due=True)
+    [(paused, d)] = result.paused
+    assert paused.key == ("t", "r") and "to make room for t/due" in d.reason

@@ -44,6 +44,7 @@ class Entry:
     runtime_s: float = 0.0  # estimated run time on the job's devices, for reservations and fair share
     # a paused run asks for exactly the devices it trained on: its clouds keep its saved states
     parts: Parts | None = None
+    paused_before: bool = False  # a run is paused at most once: its deadline's slack is spent once
 
     @property
     def key(self) -> tuple[str, str]:
@@ -111,6 +112,7 @@ def request_json(entry: Entry) -> str:
         "split_penalty": r.split_penalty, "memory_gb": r.memory_gb,
         "spread": None if entry.spread is None else {"per_cloud": entry.spread.per_cloud, "pinned": entry.spread.pinned},
         "parts": None if entry.parts is None else [list(p) for p in entry.parts],
+        "paused_before": entry.paused_before,
     }, sort_keys=True)
 
 
@@ -119,12 +121,13 @@ def entry_from_row(row, quota: dict[str, int] | None) -> Entry:
     raw = json.loads(row.request)
     spread = raw.pop("spread")
     parts = raw.pop("parts", None)
+    paused_before = raw.pop("paused_before", False)
     raw["data_at"] = frozenset(raw["data_at"])
     raw["clouds"] = None if raw["clouds"] is None else frozenset(raw["clouds"])
     request = JobRequest(tenant=row.tenant, quota=quota, **raw)
     return Entry(row.tenant, row.run_id, request, row.submitted_at, row.priority, row.deadline, row.deferrable,
                  row.objective, None if spread is None else Spread(**spread), row.runtime_s,
-                 None if parts is None else tuple(tuple(p) for p in parts))
+                 None if parts is None else tuple(tuple(p) for p in parts), paused_before)
 
 
 def decision_json(d: Decision) -> str:

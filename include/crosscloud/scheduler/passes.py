@@ -196,14 +196,16 @@ def _saved(first, now) -> tuple[float, float | None] | None:
 
 def run_pass(entries: Iterable[Entry], world: World, now: float, network: TransferTime,
              previous: Mapping[tuple[str, str], Decision] | None = None, weights: Weights = Weights(),
-             max_scan: int = 256, rates: Rates | None = None, running: Iterable[Running] = ()) -> PassResult:
+             max_scan: int = 256, rates: Rates | None = None, running: Iterable[Running] = (),
+             make_room_for_due: bool = False) -> PassResult:
     """Decide every entry of the queue at ``now`` (epoch or simulated seconds); see the module docstring.
 
     ``previous``: each entry's decision of the last pass. ``world`` is changed:
     the devices of the entries that start are taken from it. ``rates``: the
     hourly prices and carbon that deferrable runs are planned by (``timing``);
     without them every run is decided as if it were not deferrable.
-    ``running``: the running runs that may be paused (``pauses``).
+    ``running``: the running runs that may be paused for prices (``pauses``); with ``make_room_for_due`` also for a
+    due run that finds no devices (off by default: it did not lower misses on the benchmark's traces).
     """
     previous = previous or {}
     entries, running = list(entries), [r for r in running if pausable(r.entry)]
@@ -221,9 +223,6 @@ def run_pass(entries: Iterable[Entry], world: World, now: float, network: Transf
         due = sorted((e for e in entries if timing.is_due(e)), key=lambda e: (e.deadline, e.submitted_at))
     for entry in due:  # a run whose deadline is due goes first: waiting longer would lose it
         _consider(entry, state, order, out, previous.get(entry.key), timed=True)
-    short = [e for e in due if out.decisions[e.key].kind != "start"]
-    if short and running:  # room for them: pause running deferrable work that still ends in time
-        out.paused += make_room(short, running, timing, state.eligible, world.room, {e.key for e, _ in out.paused})
     seen, scanned = {e.key for e in due}, 0
     for entry in order:
         if entry.key in seen:
@@ -241,6 +240,11 @@ def run_pass(entries: Iterable[Entry], world: World, now: float, network: Transf
             decision = _consider(entry, state, order, out, prev, timed)
         if decision.kind in ("reserve", "wait", "plan"):
             scanned += 1
+    if make_room_for_due and timing is not None and running:  # pause running deferrable work for what must start now
+        short = sorted((e for e in entries if e.deferrable and e.deadline is not None and e.key in out.decisions
+                        and out.decisions[e.key].kind != "start" and not timing.infeasible(e)
+                        and e.deadline - e.runtime_s < (timing.h0 + 1) * 3600), key=lambda e: e.deadline)
+        out.paused += make_room(short, running, timing, state.eligible, world.room, {e.key for e, _ in out.paused})
     return out
 
 

@@ -11,12 +11,16 @@ keep its saved states. It is paused when all of these hold:
   ``restart_s()`` (stopping after the round, starting its sub-tasks again,
   the round in flight trained again), costs less at the later hour than
   running on now costs;
+- resumed at that hour, it still has half its work left (``SLACK_KEPT``) as
+  slack before its deadline, for work that arrives meanwhile;
 - the deadline guard keeps a schedule: with the run waiting too, an EDF
   schedule of every protected deadline from the next hour on still exists
   (``deadlines.witness``). Prices never enter that rule.
 
-A run whose deadline is due (the guard says it must start now) and finds no
-devices may also pause one (``make_room``): a running deferrable run on a pool
+A run is paused at most once. With ``make_room_for_due`` (off by default:
+on bench-electricity's traces it did not lower the misses and cost savings),
+a run that must start within the hour to meet its deadline and finds no
+devices may also pause some (``make_room``): a running deferrable run on a pool
 it may use, the one with the latest deadline first, when the guard keeps a
 schedule for every protected deadline with the due run holding those devices
 and the paused run waiting. The due run starts at the next pass, once the
@@ -41,6 +45,9 @@ from crosscloud.scheduler.timing import Choice, Key, Timing, kg_text, utc_hour
 # framework, program, saved state), and the part of a round trained when the pause was asked for;
 # $CROSSCLOUD_PAUSE_COST_S sets a deployment's own (its images preheated, its models' sizes)
 RESTART_S = 180.0
+# a run paused for prices keeps this share of its work left as slack after its planned resume (measured on
+# bench-electricity: pausing into the last slack made later urgent arrivals miss)
+SLACK_KEPT = 0.5
 
 
 def restart_s() -> float:
@@ -57,8 +64,10 @@ class Running:
 
 
 def pausable(entry: Entry) -> bool:
-    """Whether the run may be paused for prices: deferrable, with a deadline, and more work left than a pause costs."""
-    return entry.deferrable and entry.deadline is not None and entry.parts is not None and entry.runtime_s > restart_s()
+    """Whether the run may be paused: deferrable, with a deadline, never paused before (no run is paused back and
+    forth), and with more work left than a pause costs."""
+    return (entry.deferrable and entry.deadline is not None and entry.parts is not None and not entry.paused_before
+            and entry.runtime_s > restart_s())
 
 
 def decide_pauses(running: Iterable[Running], timing: Timing) -> list[tuple[Entry, Decision]]:
@@ -81,14 +90,14 @@ def _release(timing: Timing, r: Running, sign: int) -> None:
 
 def resumed(entry: Entry) -> Entry:
     """What a paused run asks for when it waits again: its work left and a pause's cost, on the devices it held."""
-    return replace(entry, runtime_s=entry.runtime_s + restart_s())
+    return replace(entry, runtime_s=entry.runtime_s + restart_s(), paused_before=True)
 
 
 def _pause(r: Running, timing: Timing) -> Decision | None:
     entry, keys = resumed(r.entry), [(c, a) for c, a, _ in r.entry.parts]
     _release(timing, r, 1)
     choice = timing.choose(entry, keys)
-    if choice is None or choice.start == 0 or not _pays(entry, choice):
+    if choice is None or choice.start == 0 or not _pays(entry, choice) or not _slack_kept(entry, choice, timing):
         _release(timing, r, -1)
         return None
     timing.admit(entry, keys)
@@ -98,6 +107,13 @@ def _pause(r: Running, timing: Timing) -> Decision | None:
         return None
     timing.defer(entry, choice)
     return _decision(entry, choice, timing)
+
+
+def _slack_kept(entry: Entry, choice: Choice, timing: Timing) -> bool:
+    """Whether, resumed at the chosen hour, the run still has ``SLACK_KEPT`` of its work left as slack before its
+    deadline: the guard knows only the work waiting now, and work that arrives later needs room too."""
+    end = (timing.h0 + choice.start) * 3600 + entry.runtime_s
+    return entry.deadline - end >= SLACK_KEPT * entry.runtime_s
 
 
 def _pays(entry: Entry, choice: Choice) -> bool:
