@@ -135,8 +135,8 @@ def parse_args(argv):
                    help="crosscloud's online policy: the production queue (default), or the reference rolling LP "
                         "or greedy reservations")
     p.add_argument("--objective", default="cost", help="queue policy: cost, carbon, or a carbon weight in between")
-    p.add_argument("--make-room", action="store_true",
-                   help="queue policy: a run that must start within the hour may pause running deferrable work")
+    p.add_argument("--no-make-room", action="store_true",
+                   help="queue policy: a run that must start within the hour does not pause running deferrable work")
     p.add_argument("--forecast-weeks", type=int, default=4)
     return p.parse_args(argv)
 
@@ -270,7 +270,7 @@ def main(argv=None) -> int:
         carbon_view = carbon_oracle(feed, regions, zones, args.no_day_ahead).view if args.objective != "cost" else None
         aware = run_queue(jobs, batches, clouds, horizon, oracle.view, t0, args.objective, carbon_view,
                           devices_for_batches(clouds), oracle.known_until, None if args.no_price_band else band,
-                          args.make_room)
+                          not args.no_make_room)
     else:
         aware = schedule(args.policy, jobs, batches, clouds, horizon, view=oracle.view, t0=t0,
                          replan=not args.no_replan, **(guard if args.policy == "price-lp" else {}))
@@ -302,7 +302,7 @@ def main(argv=None) -> int:
             used[p.cloud] += p.device_hours
         print(f"  {name} device-hours per cloud: " + ", ".join(f"{k} {v:.0f}" for k, v in used.items()))
     if aware.preempted:
-        why = (f"for prices{' or for urgent work' if args.make_room else ''}, each resumed later on its own devices "
+        why = (f"for prices{'' if args.no_make_room else ' or for urgent work'}, each resumed later on its own devices "
                "with a restart's cost" if args.policy == "queue"
                else "(checkpoint, resumed later, 0.25 h of work redone) to start urgent ones")
         print(f"crosscloud paused {len(aware.preempted)} running deferrable job(s) {why}")

@@ -78,7 +78,7 @@ def rates(clouds: Sequence[CloudSpec], prices: View, carbon: View | None, hour: 
 def run_queue(jobs: Sequence[TrainingJob], batches: Sequence[BatchJob], clouds: Sequence[CloudSpec], horizon: int,
               prices: View, t0: int, objective: str = "cost", carbon: View | None = None,
               batch_devices: int = 4, known_until: Callable[[int], int] | None = None,
-              band: dict[str, float] | None = None, make_room: bool = False) -> Schedule:
+              band: dict[str, float] | None = None, make_room: bool = True) -> Schedule:
     """The schedule the production queue makes of the work, hours relative to ``t0``."""
     pending = entries(jobs, batches, t0, objective, batch_devices)
     sites = [Site(c.name, ACC, c.jurisdiction, int(c.devices), int(c.devices), families=frozenset({FAMILY}))
@@ -104,7 +104,7 @@ def run_queue(jobs: Sequence[TrainingJob], batches: Sequence[BatchJob], clouds: 
 
 
 def _pass(sim: _Sim, sites: list[Site], waiting: list[Entry], previous: dict, now: float, seen: Rates,
-          make_room: bool = False):
+          make_room: bool = True):
     """One pass of the production queue at ``now``; the runs it starts run, those it pauses stop."""
     world = World({FAMILY: [replace(s, free=sim.free[(s.cloud, ACC)]) for s in sites]}, dict(sim.free),
                   {key: list(v) for key, v in sim.releases.items()})

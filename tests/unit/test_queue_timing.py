@@ -246,11 +246,12 @@ def test_a_paused_run_is_not_paused_again_and_keeps_slack_for_later_work():
     assert result.paused == []
 
 
-def test_a_due_run_that_finds_no_devices_pauses_a_running_deferrable_one_when_asked_to():
+def test_a_run_that_must_start_now_and_finds_no_devices_pauses_a_running_deferrable_one():
     r = _running("r", devices=4, left_h=2.0, deadline_h=20.0)  # all of A, much slack left
     due = _entry("due", devices=4, runtime_h=2.0, deadline_h=2.5)  # it must start now
     flat = _rates([5.0] * 200)  # no price reason to pause
-    result = run_pass([due], _holding(_world(), r), NOW, lambda *a: 0.0, rates=flat, running=[r])
+    result = run_pass([due], _holding(_world(), r), NOW, lambda *a: 0.0, rates=flat, running=[r],
+                      make_room_for_due=False)
     assert result.paused == [] and result.decisions[("t", "due")].kind != "start"
     result = run_pass([due], _holding(_world(), r), NOW, lambda *a: 0.0, rates=flat, running=[r],
                       make_room_for_due=True)

@@ -197,15 +197,15 @@ def _saved(first, now) -> tuple[float, float | None] | None:
 def run_pass(entries: Iterable[Entry], world: World, now: float, network: TransferTime,
              previous: Mapping[tuple[str, str], Decision] | None = None, weights: Weights = Weights(),
              max_scan: int = 256, rates: Rates | None = None, running: Iterable[Running] = (),
-             make_room_for_due: bool = False) -> PassResult:
+             make_room_for_due: bool = True) -> PassResult:
     """Decide every entry of the queue at ``now`` (epoch or simulated seconds); see the module docstring.
 
     ``previous``: each entry's decision of the last pass. ``world`` is changed:
     the devices of the entries that start are taken from it. ``rates``: the
     hourly prices and carbon that deferrable runs are planned by (``timing``);
     without them every run is decided as if it were not deferrable.
-    ``running``: the running runs that may be paused for prices (``pauses``); with ``make_room_for_due`` also for a
-    due run that finds no devices (off by default: it did not lower misses on the benchmark's traces).
+    ``running``: the running runs that may be paused (``pauses``): for prices, and with ``make_room_for_due`` for a
+    run that must start within the hour to meet its deadline and finds no devices.
     """
     previous = previous or {}
     entries, running = list(entries), [r for r in running if pausable(r.entry)]

@@ -17,14 +17,13 @@ keep its saved states. It is paused when all of these hold:
   schedule of every protected deadline from the next hour on still exists
   (``deadlines.witness``). Prices never enter that rule.
 
-A run is paused at most once. With ``make_room_for_due`` (off by default:
-on bench-electricity's traces it did not lower the misses and cost savings),
-a run that must start within the hour to meet its deadline and finds no
-devices may also pause some (``make_room``): a running deferrable run on a pool
-it may use, the one with the latest deadline first, when the guard keeps a
-schedule for every protected deadline with the due run holding those devices
-and the paused run waiting. The due run starts at the next pass, once the
-paused run has stopped after its round and given them back.
+A run is paused at most once. A run that must start within the hour to meet
+its deadline and finds no devices may also pause some (``make_room``):
+running deferrable runs on a pool it may use, the latest deadlines first,
+when the guard keeps a schedule for every protected deadline with the urgent
+run holding those devices and the paused runs waiting. The urgent run starts
+at the next pass, once they have stopped after their round and given the
+devices back.
 
 A paused run releases its devices once its sub-tasks have committed the
 round and stopped; it then waits in the queue as any deferrable run does,
