@@ -18,6 +18,16 @@ from collections.abc import Iterable, Iterator, Mapping
 from crosscloud.scheduler.entry import Entry
 
 
+def share(held: float, weight: float | None) -> float:
+    """Devices held per unit of weight (a tenant without a weight weighs 1)."""
+    return held / max(1.0 if weight is None else weight, 1e-9)
+
+
+def rank(priority: int, tenant_share: float, submitted_at: float, tenant: str, run_id: str) -> tuple:
+    """Where a waiting run stands: higher priority first, then the tenant with the smaller share, then the older."""
+    return -priority, tenant_share, submitted_at, tenant, run_id
+
+
 class FairOrder:
     """Entries one at a time in fair-share order; ``started`` tells it a tenant's share grew."""
 
@@ -32,12 +42,11 @@ class FairOrder:
         heapq.heapify(self.heap)
 
     def share(self, tenant: str) -> float:
-        """Devices held per unit of weight (a tenant without a weight weighs 1)."""
-        return self.held.get(tenant, 0.0) / max(self.weights.get(tenant, 1.0), 1e-9)
+        return share(self.held.get(tenant, 0.0), self.weights.get(tenant))
 
     def _key(self, tenant: str) -> tuple:
         head = self.lines[tenant][self.next[tenant]]
-        return -head.priority, self.share(tenant), head.submitted_at, tenant, head.run_id
+        return rank(head.priority, self.share(tenant), head.submitted_at, tenant, head.run_id)
 
     def __iter__(self) -> Iterator[Entry]:
         while self.heap:

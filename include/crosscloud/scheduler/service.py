@@ -38,7 +38,7 @@ from crosscloud.ledger.records import QueueRow
 from crosscloud.pool.inventory import before_admission
 from crosscloud.pool.placement import TransferTime, Weights
 from crosscloud.scheduler.entry import Decision, Entry, decision_from_json, decision_json, entry_from_row, request_json
-from crosscloud.scheduler.order import ordered
+from crosscloud.scheduler.order import ordered, rank, share
 from crosscloud.scheduler.passes import PassResult, World, run_pass
 from crosscloud.scheduler.pauses import Running, pausable, resumed
 from crosscloud.scheduler.prices import federation_rates
@@ -256,10 +256,10 @@ class Queue:
     def _position(self, row: QueueRow) -> int:
         """Its place in the order the next pass considers the waiting runs (from their terms alone: cheap)."""
         held = self.ledger.usage().by_tenant()
-        share = {t: n / self.tenant_weights.get(t, 1.0) for t, n in held.items()}
 
         def key(tenant: str, priority: int, submitted_at: float, run_id: str) -> tuple:
-            return -priority, share.get(tenant, 0.0), submitted_at, tenant, run_id
+            return rank(priority, share(held.get(tenant, 0.0), self.tenant_weights.get(tenant)), submitted_at, tenant,
+                        run_id)
 
         mine = key(row.tenant, row.priority, row.submitted_at, row.run_id)
         return 1 + sum(key(*other) < mine for other in self.ledger.queue.line())
