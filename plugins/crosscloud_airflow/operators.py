@@ -266,13 +266,13 @@ class SyncCheckpointsOperator(BaseOperator):
     outage is retried, then only logged); then it defers again, or returns the
     history after the last round. A store outage is logged and waited out. The
     watcher's state is in the run's home store, so a retried or restarted task
-    picks up where the last left off. When the queue pauses the run, the watch
-    asks the clouds to stop after their next committed round, gives the
-    devices back once they have, and waits deferred on ``QueueTrigger`` until a
-    pass starts the run again; then it starts every sub-task again (each
-    resumes from its saved state) and watches on, and neither this task's failure, retry
+    picks up where the last left off, and neither this task's failure, retry
     nor kill stops training: the ``cleanup`` teardown stops a failed or killed
-    run. A program that failed, every cloud lost or no round decided within
+    run. When the queue pauses the run, the watch asks the clouds to stop after
+    their next committed round, gives the devices back once they have, and
+    waits deferred on ``QueueTrigger`` until a pass starts the run again; then
+    it starts every sub-task again (each resumes from its saved state) and
+    watches on. A program that failed, every cloud lost or no round decided within
     ``round_timeout_s`` fails this task (``ProgramError``, ``SubTaskLost``).
     """
 

@@ -209,12 +209,17 @@ class Ledger:
         """
         with backend.write(self.engine, durable=False) as db:
             now = time.time()
-            end = (sa.update(reservations).where(_live(now), R.tenant == tenant, R.run_id == run_id)
-                   .values(released_at=now, release_reason=reason).returning(*HELD))
-            rows = db.execute(end).all()
-            self._record(db, now, "released", rows, [reason] * len(rows))
+            held = self._release(db, tenant, run_id, now, reason, reason)
             queue_rows.end(db, tenant, run_id, ("running", "paused"), "done", reason, now)
-            return sum(row.devices for row in rows)
+            return held
+
+    def _release(self, db: Connection, tenant: str, run_id: str, now: float, reason: str, detail: str) -> int:
+        """End the run's live reservations at ``now``, each recorded as a release with ``detail``; the devices held."""
+        end = (sa.update(reservations).where(_live(now), R.tenant == tenant, R.run_id == run_id)
+               .values(released_at=now, release_reason=reason).returning(*HELD))
+        rows = db.execute(end).all()
+        self._record(db, now, "released", rows, [detail] * len(rows))
+        return sum(row.devices for row in rows)
 
     def pause(self, tenant: str, run_id: str, request: str, runtime_s: float, decision: str, now: float) -> int:
         """A running run paused: its devices given back and its entry waiting again, with what it asks for to resume
@@ -226,13 +231,9 @@ class Ledger:
                         decided_at=now, seen_at=now)).rowcount
             if not turned:
                 return 0
-            wall = time.time()
-            end = (sa.update(reservations).where(_live(wall), R.tenant == tenant, R.run_id == run_id)
-                   .values(released_at=wall, release_reason="paused").returning(*HELD))
-            rows = db.execute(end).all()
-            self._record(db, wall, "released", rows, ["paused: it resumes from its saved state"] * len(rows))
+            held = self._release(db, tenant, run_id, time.time(), "paused", "paused: it resumes from its saved state")
             queue_rows.bump(db)
-            return sum(row.devices for row in rows)
+            return held
 
     def reap(self, now: float | None = None) -> list[Reservation]:
         """Release every reservation whose lease lapsed (each with its reason, as an event); returns them."""

@@ -33,8 +33,7 @@ from crosscloud.energy.prices import CsvFeed
 from crosscloud.ledger import Ledger, Usage, lease_seconds
 from crosscloud.ledger import engine as backend
 from crosscloud.ledger.queue import WAITING
-from crosscloud.ledger.records import Reservation
-from crosscloud.ledger.records import QueueRow
+from crosscloud.ledger.records import QueueRow, Reservation
 from crosscloud.pool.inventory import before_admission
 from crosscloud.pool.placement import TransferTime, Weights
 from crosscloud.scheduler.entry import Decision, Entry, decision_from_json, decision_json, entry_from_row, request_json
@@ -174,8 +173,8 @@ class Queue:
         out = []
         for row in rows:
             parts = held.get((row.tenant, row.run_id))
-            asked = (decision_from_json(row.decision) or Decision("start", "")).kind == "pause"
-            if not parts or asked or row.started_at is None:
+            decision = decision_from_json(row.decision)
+            if not parts or (decision is not None and decision.kind == "pause") or row.started_at is None:
                 continue
             end = row.started_at + row.runtime_s
             entry = replace(self._entry(row), parts=tuple(sorted(parts)), runtime_s=max(end - now, 0.0))

@@ -147,7 +147,7 @@ class Timing:
         if entry.parts is not None:
             held = {(c, a): n for c, a, n in entry.parts}
             return [held[k] for k in option]
-        return [entry.request.devices if entry.spread is None else entry.spread.per_cloud] * len(option)
+        return [_per_pool(entry)] * len(option)
 
     def choose(self, entry: Entry, eligible: list[Key]) -> Choice | None:
         """The cheapest pools and start within the deadline by the entry's objective; None when none is priced."""
@@ -202,7 +202,7 @@ class Timing:
                                           (self.index[(c, a)],), devices=n, occ=occ)
                                      for i, (c, a, n) in enumerate(entry.parts) if (c, a) in self.index]
             return
-        n = entry.request.devices if entry.spread is None else entry.spread.per_cloud
+        n = _per_pool(entry)
         if entry.spread is None:
             parts = [tuple(pools)]
         else:  # each cloud's part on the first of its pools (a relaxation of starting them together)
@@ -275,6 +275,11 @@ class Timing:
                         f"{kg_text(choice)}); every deferred deadline still has a schedule",
                         tuple((c, a, n) for (c, a), n in zip(choice.keys, counts)), at - self.now, planned_at=at,
                         runtime_s=entry.runtime_s)
+
+
+def _per_pool(entry: Entry) -> int:
+    """Devices a run not paused takes on each pool it runs on: all of them (auto), or one cloud's (spread)."""
+    return entry.request.devices if entry.spread is None else entry.spread.per_cloud
 
 
 def _scale(values) -> float:

@@ -28,6 +28,7 @@ from collections.abc import Callable
 from crosscloud.backends import Backend, Handle, get_backend
 from crosscloud.backends.base import PROGRAM_FAILED, STOPPED
 from crosscloud.ledger import Ledger
+from crosscloud.ledger.queue import WAITING
 from crosscloud.run.history import load_history, save_history
 from crosscloud.run.lease import Lease
 from crosscloud.run.plan import Plan
@@ -129,7 +130,7 @@ class Watcher:
         self.relay_logs()
         if changed or self.notes.get("offsets_dirty"):
             self.notes.pop("offsets_dirty", None)
-            self.home.put(self.plan.keys.watch, json.dumps(self.notes).encode())
+            self._save_notes()
         records = []
         while not self.done and (record := self._record(len(self.history))) is not None:
             self.history.append(record)
@@ -174,19 +175,24 @@ class Watcher:
         self.relay_logs()
         return self.history
 
+    def _save_notes(self) -> None:
+        """The notes in the home store: where the clouds and a later watcher read them."""
+        self.home.put(self.plan.keys.watch, json.dumps(self.notes).encode())
+
     # -- the queue's side: a pause and the resume -----------------------------------------
-    def _pause_asked(self):
-        """The queue's pause decision for the run, looked up at most every ``QUEUE_LOOK_S``; None when none is
-        asked, or it was asked already."""
-        if self.queue is None or self.notes.get("pause") or time.monotonic() - self._looked_at < QUEUE_LOOK_S:
+    def _pause_asked(self, fresh: bool = False):
+        """The queue's pause decision for the run, looked up at most every ``QUEUE_LOOK_S`` (``fresh``: now); None
+        when none is asked, or it was asked already."""
+        if self.queue is None or self.notes.get("pause"):
+            return None
+        if not fresh and time.monotonic() - self._looked_at < QUEUE_LOOK_S:
             return None
         self._looked_at = time.monotonic()
         return self.queue.pause_asked(self.plan.tenant, self.plan.run_id)
 
     def _ask_pause(self) -> bool:
         """Ask the clouds to stop after their next committed round, if the queue pauses the run; whether it did."""
-        self._looked_at = float("-inf")
-        asked = self._pause_asked()
+        asked = self._pause_asked(fresh=True)
         if asked is None or self.done:
             return False
         self.notes["pause"] = {"id": f"pause-{len(self.notes['resumed']) + 1}", "reason": asked.reason,
@@ -208,7 +214,7 @@ class Watcher:
             return
         freed = self.queue.pause(self.plan.tenant, self.plan.run_id, self.remaining_s()) if self.queue else 0
         self.notes["pause"]["released"] = True
-        self.home.put(self.plan.keys.watch, json.dumps(self.notes).encode())
+        self._save_notes()
         self.log(f"paused after round {len(self.history) - 1}: {freed} device(s) given back; the run waits in the "
                  "queue for them and resumes from its clouds' saved states")
 
@@ -220,7 +226,7 @@ class Watcher:
             status = self.queue.status(self.plan.tenant, self.plan.run_id)
             if status.state == "running":
                 return
-            if status.state not in ("queued", "paused"):
+            if status.state not in WAITING:
                 raise SubTaskLost(f"run {self.plan.run_id} left the queue while paused: {status.state} "
                                   f"({status.row.end_reason})")
             time.sleep(poll_s)
@@ -229,13 +235,13 @@ class Watcher:
         """The queue started the paused run again: every paused sub-task starts again and resumes from its state."""
         pause = self.notes.pop("pause")
         self.notes["resumed"].append(pause["id"])  # before the restarts: a sub-task passes a pause it resumed from
-        self.home.put(self.plan.keys.watch, json.dumps(self.notes).encode())
+        self._save_notes()
         for cloud, why in sorted(self.notes["ended"].items()):
             if why.startswith("paused"):
                 del self.notes["ended"][cloud]
                 self.notes["handles"][cloud] = self.restart(cloud)
                 self.notes["restarted_at"][cloud] = time.time()
-        self.home.put(self.plan.keys.watch, json.dumps(self.notes).encode())
+        self._save_notes()
         self.since = time.time()
         self.log(f"resumed after {pause['id']}: every cloud's sub-task started again from its saved state")
 
