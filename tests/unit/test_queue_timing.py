@@ -85,12 +85,43 @@ def test_the_guard_starts_now_what_no_schedule_from_the_next_hour_could_finish_i
 
 def test_a_run_cheapest_now_waits_if_its_start_would_cost_a_protected_deadline():
     # one device; "short" (older, so decided first) is cheapest now, but holding the device for hours 0-1 would
-    # leave "urgent" (due by hour 3) no schedule from hour 1: "short" waits, and "urgent" starts
+    # leave "urgent" (due by hour 3) no schedule from hour 1: "short" does not start, and "urgent" does
     short = _entry("short", runtime_h=2.0, deadline_h=20.0, at=NOW)
     urgent = _entry("urgent", runtime_h=2.0, deadline_h=3.0, at=NOW + 1)
     d = _pass([short, urgent], _world(devices=1), _rates([1, 2, 2] + [9] * 200)).decisions
+    assert d[("t", "short")].kind in ("wait", "plan") and d[("t", "urgent")].kind == "start"
+
+
+def test_one_deferred_run_per_pass_is_guarded_even_against_the_joint_plan():
+    # the same, planned one at a time (no joint plan): "short" would take hour 0, and the guard makes it wait
+    from crosscloud.scheduler import joint
+
+    short = _entry("short", runtime_h=2.0, deadline_h=20.0, at=NOW)
+    urgent = _entry("urgent", runtime_h=2.0, deadline_h=3.0, at=NOW + 1)
+    saved, joint.MAX_RUNS = joint.MAX_RUNS, 0
+    try:
+        d = _pass([short, urgent], _world(devices=1), _rates([1, 2, 2] + [9] * 200)).decisions
+    finally:
+        joint.MAX_RUNS = saved
     assert d[("t", "short")].kind == "wait" and "deadline without a schedule" in d[("t", "short")].reason
     assert d[("t", "urgent")].kind == "start"
+
+
+def test_the_joint_plan_gives_each_cheap_slot_to_the_run_that_needs_it():
+    # one device on A and on B; hour 1 is cheap on both, cheapest on A. "old" (first in line) may use both clouds,
+    # "young" only A. One at a time, "old" would take A at hour 1 and leave "young" the dear hours; planned together,
+    # "young" gets A and "old" B, both at hour 1
+    from dataclasses import replace
+
+    rates = Rates(int(NOW // H), {("A", "gpu"): np.asarray([9, 1] + [9] * 200, dtype=float),
+                                  ("B", "gpu"): np.asarray([9, 1.5] + [9] * 200, dtype=float)})
+    old = _entry("old", runtime_h=1.0, deadline_h=20.0, at=NOW - H)
+    young = _entry("young", runtime_h=1.0, deadline_h=20.0)
+    young = replace(young, request=replace(young.request, clouds=frozenset({"A"})))
+    d = _pass([old, young], _world(devices=1, clouds=("A", "B")), rates).decisions
+    assert d[("t", "young")].kind == "plan" and d[("t", "young")].parts == (("A", "gpu", 1),)
+    assert d[("t", "old")].kind == "plan" and d[("t", "old")].parts == (("B", "gpu", 1),)
+    assert d[("t", "old")].planned_at == d[("t", "young")].planned_at == NOW + H
 
 
 def test_a_deadline_no_schedule_can_meet_is_named_and_the_run_starts_at_once():
@@ -257,3 +288,31 @@ def test_a_run_that_must_start_now_and_finds_no_devices_pauses_a_running_deferra
                       make_room_for_due=True)
     [(paused, d)] = result.paused
     assert paused.key == ("t", "r") and "to make room for t/due" in d.reason
+
+
+def test_a_late_arrival_no_schedule_fits_with_the_admitted_work_is_named_and_takes_nothing_from_it():
+    from crosscloud.scheduler.entry import Decision
+
+    # one device; "admitted" (in the queue since the last pass) must start by hour 1, "late" (just submitted) now:
+    # both cannot finish in time, so "late" is named at submission and runs only where it costs no admitted deadline
+    admitted = _entry("admitted", runtime_h=2.0, deadline_h=3.0, at=NOW - H)
+    late = _entry("late", runtime_h=2.0, deadline_h=2.5)
+    previous = {admitted.key: Decision("plan", "deferred")}
+    result = run_pass([admitted, late], _world(devices=1), NOW, lambda *a: 0.0, previous,
+                      rates=_rates([5.0] * 200))
+    d = result.decisions
+    assert d[("t", "admitted")].kind == "start"
+    assert d[("t", "late")].kind != "start" and "cannot be met with the work admitted before it" in d[("t", "late")].at_risk
+    # the name is carried: the next pass does not protect it either
+    again = run_pass([late], _world(devices=1), NOW, lambda *a: 0.0, {late.key: d[("t", "late")]},
+                     rates=_rates([5.0] * 200)).decisions[("t", "late")]
+    assert again.kind == "start" and again.at_risk
+
+
+def test_a_run_ends_by_its_deadline_from_its_last_start():
+    from crosscloud.scheduler.deadlines import Item
+    from crosscloud.scheduler.timing import occupancy
+
+    # 42.2 h of work due at hour 44.1: from hour 2 it would end at 44.2
+    assert Item("x", 44.1, (0,), devices=1, occ=occupancy(42.2)).last_start == 1
+    assert Item("x", 44.0, (0,), devices=1, occ=occupancy(42.0)).last_start == 2

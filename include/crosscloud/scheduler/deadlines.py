@@ -58,7 +58,9 @@ class Item:
 
     @property
     def last_start(self) -> int:
-        return math.floor(self.deadline - len(self.occ) + 1 - 1e-9) if self.occ is not None else int(self.deadline) - 1
+        if self.occ is None:
+            return int(self.deadline) - 1
+        return math.floor(self.deadline - (len(self.occ) - 1) - float(self.occ[-1]) + 1e-9)  # it ends by its deadline
 
 
 @dataclass
@@ -111,9 +113,13 @@ def _place(free: np.ndarray, item: Item, first: int, w: Witness) -> bool:
 
 
 def witness(free: np.ndarray, items: Sequence[Item], first: int) -> Witness:
-    """Earliest deadline first, each at its earliest fit from hour ``first``; ``free`` (clouds x hours) is not changed."""
+    """Earliest deadline first, each at its earliest fit from hour ``first``; ``free`` (clouds x hours) is not changed.
+
+    The work that must start at ``first`` (its last start) goes before the rest: placed later in deadline order,
+    it would find the hour taken by work that could have waited."""
     free, w = free.copy(), Witness(True)
-    for item in sorted(items, key=lambda i: (i.deadline, i.arrival, i.name)):
+    for item in sorted(items, key=lambda i: (not (i.occ is not None and i.last_start <= first), i.deadline,
+                                             i.arrival, i.name)):
         if not _place(free, item, first, w):
             return Witness(False, w.starts, w.fills, item.name)
     return w
@@ -191,7 +197,8 @@ class Guard:
         chosen = Witness(True)
         trial = free.copy()
         by_name = {i.name: i for i in items}
-        for item in sorted(items, key=lambda i: (i.deadline, i.arrival, i.name)):
+        for item in sorted(items, key=lambda i: (not (i.occ is not None and i.last_start <= now), i.deadline,
+                                                 i.arrival, i.name)):
             if item.name in full.starts and full.starts[item.name][1] == now:
                 c, s = full.starts[item.name]
                 trial[c, s:s + len(item.occ)] -= item.devices * item.occ

@@ -90,6 +90,9 @@ class Decision:
     # a deferrable run: (USD, kg CO2 or None) had it started when first planned, and, once started, what it saved
     first_cost: tuple[float, float | None] | None = None
     saved: tuple[float, float | None] | None = None
+    # why its deadline could not be met with the work admitted before it, named when it was submitted: it is not
+    # protected by the deadline guard and runs as soon as it can (carried from pass to pass)
+    at_risk: str = ""
 
     @property
     def hold_s(self) -> float:
@@ -134,7 +137,7 @@ def decision_json(d: Decision) -> str:
     return json.dumps({"kind": d.kind, "reason": d.reason, "parts": [list(p) for p in d.parts],
                        "expected_start_s": d.expected_start_s, "planned_at": d.planned_at, "runtime_s": d.runtime_s,
                        "transfer_bytes": d.transfer_bytes, "considered": [list(c) for c in d.considered],
-                       "first_cost": d.first_cost, "saved": d.saved})
+                       "first_cost": d.first_cost, "saved": d.saved, "at_risk": d.at_risk})
 
 
 def decision_from_json(text: str | None) -> Decision | None:

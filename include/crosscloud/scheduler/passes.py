@@ -25,7 +25,7 @@ from crosscloud.pool.placement import Site, TransferTime, Weights, refusal
 from crosscloud.scheduler.decide import decide
 from crosscloud.scheduler.entry import Decision, Entry
 from crosscloud.scheduler.order import FairOrder
-from crosscloud.scheduler.pauses import Running, decide_pauses, make_room, pausable
+from crosscloud.scheduler.pauses import Running, decide_pauses, make_room, pausable, resumed
 from crosscloud.scheduler.timing import Rates, Timing
 
 Key = tuple[str, str]  # (cloud, accelerator)
@@ -164,11 +164,12 @@ class _Pass:
             timing.defer(entry, choice)
             return replace(timing.plan(entry, choice), first_cost=first)
         decision = self._now(entry, choice)
-        if decision.kind == "start" and not due and not why and not timing.may_start(entry, decision.parts, decision.hold_s):
+        if decision.kind == "start" and not due and not timing.may_start(entry, decision.parts, decision.hold_s):
             return Decision("wait", "waits: starting it now would leave a deferred run's deadline without a schedule",
                             considered=decision.considered, first_cost=first)
         if why:
-            decision = replace(decision, reason=f"{why}; it runs as soon as it can: {decision.reason}")
+            decision = replace(decision, reason=f"{why}; it runs as soon as it can: {decision.reason}",
+                               at_risk=timing.named.get(entry.key, ""))
         elif due:
             decision = replace(decision, reason=f"due now (waiting longer would leave a deadline without a schedule): "
                                                 f"{decision.reason}")
@@ -214,12 +215,18 @@ def run_pass(entries: Iterable[Entry], world: World, now: float, network: Transf
     state = _Pass(world, now, network, weights, timing)
     out, due = PassResult({}, []), []
     if timing is not None:  # every waiting deferrable run's deadline is protected; some must start now
-        for e in entries:
-            if e.deferrable and e.deadline is not None:
+        timing.named = {k: d.at_risk for k, d in previous.items() if d.at_risk}
+        timed = [e for e in entries if e.deferrable and e.deadline is not None]
+        for e in timed:  # the work admitted before this pass, then what arrived since, in order
+            if e.key in previous:
                 timing.admit(e, state.eligible(e))
+        for e in sorted((e for e in timed if e.key not in previous), key=lambda e: e.submitted_at):
+            timing.arrive(e, state.eligible(e), [(resumed(r.entry), r.until) for r in running] if make_room_for_due else [])
         timing.settle()
         # a paused run stops after its round: its devices free up for the hours it waits, not for this pass
         out.paused = decide_pauses(running, timing)
+        timing.plan_jointly([(e, state.eligible(e)) for e in entries
+                             if e.deferrable and e.deadline is not None and not timing.infeasible(e)])
         due = sorted((e for e in entries if timing.is_due(e)), key=lambda e: (e.deadline, e.submitted_at))
     for entry in due:  # a run whose deadline is due goes first: waiting longer would lose it
         _consider(entry, state, order, out, previous.get(entry.key), timed=True)
@@ -242,7 +249,7 @@ def run_pass(entries: Iterable[Entry], world: World, now: float, network: Transf
             scanned += 1
     if make_room_for_due and timing is not None and running:  # pause running deferrable work for what must start now
         short = sorted((e for e in entries if e.deferrable and e.deadline is not None and e.key in out.decisions
-                        and out.decisions[e.key].kind != "start" and not timing.infeasible(e)
+                        and out.decisions[e.key].kind != "start" and not timing.hopeless(e)
                         and e.deadline - e.runtime_s < (timing.h0 + 1) * 3600), key=lambda e: e.deadline)
         out.paused += make_room(short, running, timing, state.eligible, world.room, {e.key for e, _ in out.paused})
     return out

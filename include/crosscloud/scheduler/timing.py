@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from crosscloud.core.job import carbon_weight
+from crosscloud.scheduler import joint
 from crosscloud.scheduler.deadlines import Guard, Item, witness
 from crosscloud.scheduler.entry import Decision, Entry
 
@@ -119,7 +120,10 @@ class Timing:
         self.totals = [totals[k] for k in self.keys]
         self.items: dict[tuple[str, str], list[Item]] = {}  # the protected deadlines: every waiting deferrable run
         self.due: set[tuple[str, str]] = set()
+        self.lost: set[tuple[str, str]] = set()  # protected runs no schedule fits any more (``_prune``)
+        self.named: dict[tuple[str, str], str] = {}  # runs named infeasible when submitted (``arrive``)
         self.planned = np.zeros_like(self.free)  # devices the runs deferred in this pass will take, per hour
+        self.joint: dict[tuple[str, str], tuple[tuple[Key, ...], int]] = {}  # run -> (pools, start): ``plan_jointly``
 
     def hold(self, key: Key, devices: int, until: float) -> None:
         """``devices`` of pool ``key`` are busy from now until ``until`` (epoch seconds)."""
@@ -134,7 +138,17 @@ class Timing:
         return (entry.deadline - self.h0 * 3600) / 3600
 
     def infeasible(self, entry: Entry) -> str:
-        """Why no schedule could meet the run's deadline even had it started when it was submitted, or ""."""
+        """Why no schedule could meet the run's deadline even had it started when it was submitted, or why none can
+        any more with the work admitted before it (``settle``), or ""."""
+        if entry.key in self.named:
+            return self.named[entry.key]
+        if entry.key in self.lost:
+            return ("its deadline is at risk: no schedule of the work admitted before it meets it any more "
+                    "(it no longer holds other runs back)")
+        return self.hopeless(entry)
+
+    def hopeless(self, entry: Entry) -> str:
+        """Why the run's deadline could not be met even had it started alone when it was submitted, or ""."""
         left = (entry.deadline - entry.submitted_at) / 3600
         need = entry.runtime_s / 3600
         if need <= left + 1e-6:
@@ -149,8 +163,9 @@ class Timing:
             return [held[k] for k in option]
         return [_per_pool(entry)] * len(option)
 
-    def choose(self, entry: Entry, eligible: list[Key]) -> Choice | None:
-        """The cheapest pools and start within the deadline by the entry's objective; None when none is priced."""
+    def _costs(self, entry: Entry, eligible: list[Key]) -> dict[tuple[Key, ...], tuple[np.ndarray, ...]] | None:
+        """Per option, for each start from now to the last that meets the deadline: its value by the entry's
+        objective (in USD at the entry's own mean rate), USD and kg CO2 (None without carbon); room not looked at."""
         occ = occupancy(entry.runtime_s / 3600)
         last = min(math.floor(self._deadline_h(entry) - entry.runtime_s / 3600 + 1e-9), MAX_HOURS - len(occ))
         w = carbon_weight(entry.objective)
@@ -159,23 +174,62 @@ class Timing:
             return None
         counts = {o: self._counts(entry, o) for o in _options(entry, priced)}
         usd = {o: sum(window_sums(self.rates.expected_usd(k), occ)[: last + 1] * n for k, n in zip(o, ns))
-               + self._full(o, ns, occ, last) for o, ns in counts.items()}
+               for o, ns in counts.items()}
         kg = {o: sum(window_sums(self.rates.co2[k], occ)[: last + 1] * n for k, n in zip(o, counts[o])) for o in usd
               if all(k in self.rates.co2 for k in o)}
         scale_usd, scale_kg = _scale(usd.values()), _scale(kg.values())
+        return {o: ((1 - w) * cost + (w * kg[o] * scale_usd / scale_kg if w else 0.0), cost, kg.get(o))
+                for o, cost in usd.items()}
+
+    def choose(self, entry: Entry, eligible: list[Key]) -> Choice | None:
+        """The cheapest pools and start within the deadline by the entry's objective, where the running and planned
+        runs leave room: the joint plan's (``joint``) when it has one there, else the entry's own; None unpriced."""
+        costs = self._costs(entry, eligible)
+        if costs is None:
+            return None
+        occ = occupancy(entry.runtime_s / 3600)
+        value = {}
+        for o, (v, _, _) in costs.items():
+            value[o] = v + self._full(o, self._counts(entry, o), occ, len(v) - 1)
+            value[o][~np.isfinite(v)] = np.inf
         best = None
-        for o, cost in usd.items():
-            value = (1 - w) * cost / scale_usd + (w * kg[o] / scale_kg if w else 0.0)
-            value[~np.isfinite(cost)] = np.inf
-            s = int(np.argmin(value)) if len(value) else None  # the earliest of equals
-            if s is not None and (best is None or (value[s], s) < (best[0], best[1])):
-                best = (float(value[s]), s, o, float(value[0]))
+        joint = self.joint.get(entry.key)
+        if joint is not None and joint[0] in value and joint[1] < len(value[joint[0]]) \
+                and np.isfinite(value[joint[0]][joint[1]]):
+            best = (float(value[joint[0]][joint[1]]), joint[1], joint[0])
+        for o, v in value.items() if best is None else ():
+            s = int(np.argmin(v)) if len(v) else None  # the earliest of equals
+            if s is not None and np.isfinite(v[s]) and (best is None or (v[s], s) < (best[0], best[1])):
+                best = (float(v[s]), s, o)
         if best is None:
             return None
-        value, s, o, value_now = best
-        k_o = kg.get(o)
-        return Choice(o, s, value, value_now, float(usd[o][s]), float(usd[o][0]),
-                      None if k_o is None else float(k_o[s]), None if k_o is None else float(k_o[0]))
+        _, s, o = best
+        v, usd, kg = costs[o]
+        return Choice(o, s, float(v[s]), float(v[0]), float(usd[s]), float(usd[0]),
+                      None if kg is None else float(kg[s]), None if kg is None else float(kg[0]))
+
+    def plan_jointly(self, entries: list[tuple[Entry, list[Key]]]) -> None:
+        """Plan the waiting deferrable runs together (``joint``): each later ``choose`` of one takes its share of
+        the plan. The runs due now may only start now; at most ``joint.MAX_RUNS``, the earliest deadlines."""
+        runs = []
+        for entry, eligible in sorted(entries, key=lambda x: x[0].deadline)[: joint.MAX_RUNS]:
+            costs = self._costs(entry, eligible)
+            if not costs:
+                continue
+            options = []
+            for o, (v, _, _) in costs.items():
+                v = np.where(np.isfinite(v), v, np.inf)
+                if self.is_due(entry):
+                    v = np.where(np.arange(len(v)) == 0, v, np.inf)
+                options.append((o, joint.Option(tuple(self.index.get(k, -1) for k in o),
+                                                tuple(self._counts(entry, o)), v)))
+            options = [(o, opt) for o, opt in options if -1 not in opt.pools]
+            if options:
+                runs.append((entry.key, [o for o, _ in options],
+                             joint.Run(entry.key, tuple(opt for _, opt in options), occupancy(entry.runtime_s / 3600))))
+        plan = joint.solve([r for _, _, r in runs], self.free - self.planned)
+        names = {key: opts for key, opts, _ in runs}
+        self.joint = {key: (names[key][i], s) for key, (i, s) in plan.items()}
 
     def _full(self, option: tuple[Key, ...], counts: list[int], occ: np.ndarray, last: int) -> np.ndarray:
         """0 for each start (0 .. last) where the running runs and the runs planned before this one leave
@@ -214,15 +268,55 @@ class Timing:
         self.items[entry.key] = [Item(f"{entry.tenant}/{entry.run_id}/{i}", self._deadline_h(entry), c, devices=n,
                                       occ=occ) for i, c in enumerate(parts)]
 
+    def arrive(self, entry: Entry, eligible: list[Key], pausable: list[tuple[Entry, float]] = ()) -> str:
+        """A run submitted since the last pass is protected only if an EDF schedule of it and the work admitted before
+        it meets every deadline; else it is named (returned, and kept in ``named``) and runs as best effort, so a
+        late arrival never takes the hours an admitted run was counting on. ``pausable``: the running runs a pass may
+        pause to make room (each resumed, and when its devices are due back): a schedule that pauses them counts."""
+        self._prune()
+        self.admit(entry, eligible)
+        if entry.key not in self.items or witness(np.maximum(self.free, 0.0), self.protected(), 0).ok \
+                or self._fits_pausing(pausable):
+            return ""
+        self.items.pop(entry.key)
+        self.named[entry.key] = why = ("its deadline cannot be met with the work admitted before it (no schedule of "
+                                       "both meets every deadline)")
+        return why
+
+    def _fits_pausing(self, pausable: list[tuple[Entry, float]]) -> bool:
+        """Whether every protected deadline has a schedule with the ``pausable`` runs paused and waiting again."""
+        if not pausable:
+            return False
+        saved, free = dict(self.items), self.free.copy()
+        for entry, until in pausable:
+            for cloud, accelerator, n in entry.parts:
+                self.hold((cloud, accelerator), -n, until)
+            self.admit(entry, [(c, a) for c, a, _ in entry.parts])
+        ok = witness(np.maximum(self.free, 0.0), self.protected(), 0).ok
+        self.items, self.free = saved, free
+        return ok
+
     def protected(self, without: tuple[str, str] | None = None) -> list[Item]:
         return [i for key, items in self.items.items() if key != without for i in items]
 
     def settle(self) -> None:
         """Which runs must start now for every protected deadline to keep a schedule from the next hour on."""
+        self._prune()
         used = np.array(self.totals, dtype=float).reshape(-1, 1) - self.free
         due = Guard(np.array(self.totals, dtype=float)).due_now(np.maximum(used, 0.0), self.protected(), 0)
-        names = set(due.starts)
-        self.due = {key for key, items in self.items.items() if any(i.name in names for i in items)}
+        self.due = {key for key, items in self.items.items() if any(i.name in due.starts for i in items)}
+
+    def _prune(self) -> None:
+        """A protected run that no EDF schedule from now fits by its deadline any more leaves the protection and
+        runs as soon as it can: otherwise one lost deadline would let every start through, and lose more."""
+        names = {i.name: key for key, items in self.items.items() for i in items}
+        while self.items:
+            w = witness(np.maximum(self.free, 0.0), self.protected(), 0)
+            if w.ok:
+                return
+            key = names[w.failed]
+            self.items.pop(key, None)
+            self.lost.add(key)
 
     def is_due(self, entry: Entry) -> bool:
         return entry.key in self.due

@@ -1,0 +1,102 @@
+"""The waiting deferrable runs planned together: one LP (HiGHS) over their pools and start hours.
+
+Planned one at a time in queue order, the oldest run takes the cheapest hour
+even when it saves a cent there and a younger run would have saved a dollar,
+and a run planned late finds the cheap hours taken. One linear program over
+all of them puts each where the whole queue costs least: a variable per run,
+option (its pools) and start hour is the share of the run started there; each
+run's shares add up to one (or to an *unserved* variable at a large penalty,
+so the program is always feasible); every pool and hour holds at most the
+devices the running work leaves. This hour's starts are whole (a run starts
+now or not: ``milp``); later hours stay fractional, since each pass plans
+them again with what is known then. The pass reads, for each run, the option
+and hour of its largest share (``Plan``); the deadline guard still decides
+whether a run may wait at all.
+
+The program's size is bounded: at most ``MAX_RUNS`` runs (the earliest
+deadlines; the rest are planned one at a time) and a solver time limit, past
+which the relaxation's plan is read.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+MAX_RUNS = 200
+TIME_LIMIT_S = 2.0
+EARLIER = 1e-6  # a start an hour later costs this share more: equal hours go to the earliest
+UNSERVED = 100.0  # the penalty of leaving a run out of the plan, times its dearest option
+
+
+@dataclass(frozen=True)
+class Option:
+    """One way to run a run: on ``pools`` (calendar rows) with ``devices`` each, costing ``cost[s]`` from hour s."""
+
+    pools: tuple[int, ...]
+    devices: tuple[int, ...]
+    cost: np.ndarray  # per start hour 0 .. last; inf where it may not start
+
+
+@dataclass(frozen=True)
+class Run:
+    """A waiting run as the program sees it: its options and how long it holds its devices each hour."""
+
+    key: tuple[str, str]
+    options: tuple[Option, ...]
+    occ: np.ndarray
+
+
+Plan = dict[tuple[str, str], tuple[int, int]]  # run -> (option index, start hour) of its largest share
+
+
+def solve(runs: list[Run], room: np.ndarray, time_limit_s: float = TIME_LIMIT_S) -> Plan:
+    """Each run's option and start where all of them together cost least within ``room`` (pools x hours)."""
+    from scipy.optimize import Bounds, LinearConstraint, linprog, milp
+    from scipy.sparse import coo_matrix
+
+    hours = room.shape[1]
+    cost, rows, cols, vals, eq, owner, now = [], [], [], [], [], [], []
+    for r, run in enumerate(runs):
+        dearest = max((float(c[np.isfinite(c)].max()) for o in run.options for c in [o.cost] if np.isfinite(c).any()),
+                      default=1.0)
+        for i, o in enumerate(run.options):
+            for s in np.flatnonzero(np.isfinite(o.cost)):
+                if s + len(run.occ) > hours:
+                    continue
+                v = len(cost)
+                cost.append(float(o.cost[s]) * (1 + EARLIER * s))  # of equal costs, the earliest
+                eq.append(r)
+                owner.append((r, i, int(s)))
+                now.append(s == 0)
+                for p, n in zip(o.pools, o.devices):
+                    for k, share in enumerate(run.occ):
+                        rows.append(p * hours + s + k)
+                        cols.append(v)
+                        vals.append(n * share)
+        cost.append(UNSERVED * max(dearest, 1e-6))
+        eq.append(r)
+        owner.append((r, -1, -1))
+        now.append(False)
+    if not runs:
+        return {}
+    n = len(cost)
+    a_ub = coo_matrix((vals, (rows, cols)), shape=(room.size, n)).tocsr()
+    a_eq = coo_matrix((np.ones(n), (eq, np.arange(n))), shape=(len(runs), n)).tocsr()
+    ones = np.ones(len(runs))
+    res = milp(np.asarray(cost), integrality=np.asarray(now, dtype=int), bounds=Bounds(0, 1),
+               constraints=[LinearConstraint(a_ub, -np.inf, np.maximum(room, 0).reshape(-1)),
+                            LinearConstraint(a_eq, ones, ones)],
+               options={"time_limit": time_limit_s, "mip_rel_gap": 1e-3})
+    x = res.x
+    if x is None:  # no whole plan within the limit: the relaxation's
+        x = linprog(np.asarray(cost), A_ub=a_ub, b_ub=np.maximum(room, 0).reshape(-1), A_eq=a_eq, b_eq=ones,
+                    bounds=(0, 1), method="highs").x
+    if x is None:
+        return {}
+    best: dict[int, tuple[float, int, int]] = {}
+    for v, (r, i, s) in enumerate(owner):
+        if x[v] > best.get(r, (1e-9, -1, -1))[0]:
+            best[r] = (float(x[v]), i, s)
+    return {runs[r].key: (i, s) for r, (_, i, s) in best.items() if i >= 0}
