@@ -23,8 +23,12 @@ Answers a grid operator's request to cut one cloud's power, e.g.
    commits and records time to shed, modelled power before and after and the
    progress given up; it fails if the cut did not hold within `within_s`.
 3. **hold** waits, without holding a worker slot, until the request ends.
+   The cloud's free devices are held from the queue for the request's
+   duration (`crosscloud.grid.hold`: a reservation in the ledger the queue
+   allocates from), so no new run starts there and adds its draw back.
 4. **restore** (a teardown: it runs whatever happened) gives the runs their
-   shares and full power back, and the served models their traffic; **record**
+   shares and full power back, the served models their traffic and the queue
+   the held devices (their lease lapses by itself at the request's end); **record**
    keeps the outcome in each affected run's folder (`demand_response/`) and
    served model's (`serving/<model>/demand_response/`).
 """
@@ -41,13 +45,17 @@ def respond() -> dict:
     from crosscloud.core.federation import load_federation
     from crosscloud.energy.power import fit_power_curve
     from crosscloud.grid.demand_response import respond as plan_and_tell
+    from crosscloud.grid.hold import give_back as release_hold
     from crosscloud.serving.grid import shed_all
     from crosscloud_airflow.connections import use_airflow_connections
 
     use_airflow_connections()
     p = get_current_context()["params"]
-    plan, issued = plan_and_tell(load_federation(), p["cloud"], p["reduce_pct"], p["within_s"], fit_power_curve())
+    plan, issued = plan_and_tell(load_federation(), p["cloud"], p["reduce_pct"], p["within_s"], fit_power_curve(),
+                                 duration_s=p["duration_s"])
     print(f"{p['cloud']}: modelled draw {plan.before_w:.1f} W, target {plan.target_w:.1f} W, after {plan.after_w:.1f} W")
+    print(f"{p['cloud']}: {plan.held_devices} free device(s) held from the queue for {p['duration_s']:g} s: no new run "
+          "starts there while the request lasts")
     for a in plan.actions:
         print(f"  {a.run_id} ({a.tenant}): {a.kind} cap {a.cap:.0%}, saves {a.saved_w:.1f} W, "
               f"gives up {a.progress_lost:.1%} of its throughput")
@@ -58,6 +66,7 @@ def respond() -> dict:
         print(f"  serving {s['tenant']}/{s['model']}: share {s['share_before']:.2f} -> {s['share_after']:.2f}, "
               f"replicas {s['replicas_before']} -> {s['replicas_after']}")
     if not (plan.actions or plan.refused or serving):
+        release_hold(p["cloud"])
         raise RuntimeError(f"{p['cloud']}: no training run and no served model there: nothing crosscloud runs can shed")
     return {"plan": plan.to_dict(), "issued_at": issued, "serving": serving}
 

@@ -58,3 +58,41 @@ def test_directives_are_written_and_withdrawn(tmp_path, curve):
     assert read_directives(store, "team-a/runs/r1")["beijing"]["kind"] == "throttle"
     write_directive(store, "team-a/runs/r1", "beijing", None, {})
     assert read_directives(store, "team-a/runs/r1") == {}
+
+
+@pytest.mark.queue
+def test_a_grid_request_holds_the_cloud_s_free_devices_from_the_queue_until_it_is_restored(ledger):
+    from federations import embedded
+
+    from crosscloud.core.job import JobSpec
+    from crosscloud.grid.demand_response import ShedPlan, restore
+    from crosscloud.grid.hold import GRID, hold_free
+    from crosscloud.scheduler.admission import NotAdmitted, admit
+    from crosscloud.scheduler.service import Queue
+
+    fed = embedded()
+    admit(fed, JobSpec(clouds=["beijing"], devices_per_cloud=1), "running", "byte-lm", 0, {"beijing"}, ledger)
+    total = sum(p.count for p in fed.cloud("beijing").pools)
+    assert hold_free(fed, "beijing", 3600, ledger) == total - 1  # every free device, not the run's
+    with pytest.raises(NotAdmitted, match="queued at position"):  # the queue starts nothing there meanwhile
+        admit(fed, JobSpec(clouds=["beijing"], devices_per_cloud=1), "new", "byte-lm", 0, {"beijing"}, ledger)
+    assert {r.tenant for r in ledger.active()} == {"team-a", GRID}
+    restore(fed, ShedPlan("beijing", 10, 300, 0.0, 0.0), ledger)
+    assert {r.tenant for r in ledger.active()} == {"team-a"}
+    Queue(fed, ledger).run_pass(force=True)
+    assert Queue(fed, ledger).status("team-a", "new").state == "running"
+
+
+@pytest.mark.queue
+def test_a_grid_hold_lapses_by_itself_at_the_request_s_end(ledger):
+    from federations import embedded
+
+    from crosscloud.grid.hold import hold_free
+
+    fed = embedded()
+    assert hold_free(fed, "beijing", 1.0, ledger) > 0
+    import time
+
+    time.sleep(1.2)
+    ledger.reap()
+    assert ledger.active() == []

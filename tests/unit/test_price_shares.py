@@ -142,3 +142,26 @@ def test_only_runs_that_asked_for_it_follow_prices(run, ledger):
     decisions = follow_prices_all(fed, ledger, now=NOON)
     assert [d["run_id"] for d in decisions] == [plan.run_id]
     assert read_directives(home, other.keys.root) == {}
+
+
+@pytest.mark.queue
+def test_a_run_the_queue_is_pausing_is_left_to_it(run, ledger):
+    from crosscloud.grid.following_prices import follow_prices_all
+    from crosscloud.scheduler.admission import entry_for
+    from crosscloud.scheduler.entry import Decision, decision_json
+    from crosscloud.scheduler.service import Queue
+
+    fed, plan, home = run
+    queue = Queue(fed, ledger, clock=lambda: NOON)
+    queue.submit(entry_for(fed, JobSpec(clouds=["beijing"], devices_per_cloud=1), plan.run_id, "byte-lm", 0, set(),
+                           NOON))
+    queue.run_pass(force=True)
+    row = ledger.queue.get("team-a", plan.run_id)
+    assert row.state == "running"
+    [d] = follow_prices_all(fed, ledger, now=NOON)  # not pausing: it follows prices as before
+    assert not any(u.startswith("left to the queue") for u in d["unknown"])
+    before = read_directives(home, plan.keys.root)
+    ledger.queue.record([(row.id, decision_json(Decision("pause", "paused after its next committed round")))], NOON)
+    [d] = follow_prices_all(fed, ledger, now=NOON)
+    assert d["unknown"] == ["left to the queue: paused after its next committed round"] and d["changed"] == []
+    assert read_directives(home, plan.keys.root) == before

@@ -30,6 +30,7 @@ from crosscloud.core.federation import Federation
 from crosscloud.core.keys import RunKeys
 from crosscloud.energy.metered import measured_power_w
 from crosscloud.energy.power import DEFAULT_PUE, PowerCurve, device_power
+from crosscloud.grid.hold import give_back, hold_free, is_grid
 from crosscloud.ledger import Ledger
 from crosscloud.run.history import load_history
 from crosscloud.run.plan import Plan
@@ -74,6 +75,7 @@ class ShedPlan:
     actions: list[Action] = field(default_factory=list)
     refused: list[str] = field(default_factory=list)
     measured_before_w: float | None = None  # from the cloud's power_metrics, where it has one
+    held_devices: int = 0  # free devices held from the queue while the request lasts (``grid.hold``)
 
     @property
     def after_w(self) -> float:
@@ -89,7 +91,8 @@ class ShedPlan:
     @classmethod
     def from_dict(cls, d: dict) -> ShedPlan:
         return cls(d["cloud"], d["reduce_pct"], d["within_s"], d["before_w"], d["target_w"],
-                   [Action(**a) for a in d["actions"]], list(d["refused"]), d.get("measured_before_w"))
+                   [Action(**a) for a in d["actions"]], list(d["refused"]), d.get("measured_before_w"),
+                   d.get("held_devices", 0))
 
 
 def busy_w(accelerator: str, full_w: float, cap: float, curve: PowerCurve) -> float:
@@ -190,7 +193,7 @@ def runs_on(fed: Federation, cloud: str, ledger: Ledger | None = None) -> list[R
     """Every run holding devices on ``cloud`` now (the ledger), with its current share, cap and round time."""
     held: dict[tuple[str, str], int] = {}
     for r in (ledger or Ledger()).active():
-        if r.cloud == cloud:
+        if r.cloud == cloud and not is_grid(r.tenant):
             held[(r.tenant, r.run_id)] = held.get((r.tenant, r.run_id), 0) + r.devices
     runs = []
     for (tenant, run_id), _ in sorted(held.items()):
@@ -215,9 +218,13 @@ def runs_on(fed: Federation, cloud: str, ledger: Ledger | None = None) -> list[R
 
 
 def respond(fed: Federation, cloud: str, reduce_pct: float, within_s: float, curve: PowerCurve,
-            ledger: Ledger | None = None) -> tuple[ShedPlan, float]:
-    """Plan the cut and tell each affected run's clouds; returns the plan and when it was issued."""
+            ledger: Ledger | None = None, duration_s: float | None = None) -> tuple[ShedPlan, float]:
+    """Plan the cut and tell each affected run's clouds; returns the plan and when it was issued. With
+    ``duration_s``, the cloud's free devices are held from the queue for as long (``hold``)."""
+    ledger = ledger or Ledger()
     plan = plan_shed(fed, cloud, runs_on(fed, cloud, ledger), reduce_pct, within_s, curve)
+    if duration_s is not None:
+        plan.held_devices = hold_free(fed, cloud, duration_s, ledger)
     if (meter := fed.cloud(cloud).power_metrics) is not None:
         plan.measured_before_w = measured_power_w(meter)
     issued = time.time()
@@ -279,7 +286,9 @@ def verify(fed: Federation, plan: ShedPlan, issued_at: float, curve: PowerCurve,
     }
 
 
-def restore(fed: Federation, plan: ShedPlan) -> None:
-    """The request is over: the runs get their shares and full power back from their next round."""
+def restore(fed: Federation, plan: ShedPlan, ledger: Ledger | None = None) -> None:
+    """The request is over: the runs get their shares and full power back from their next round, and the queue
+    the cloud's held devices."""
+    give_back(plan.cloud, ledger)
     for a in plan.actions:
         write_directive(_home(fed, a.tenant), RunKeys(a.tenant, a.run_id).root, plan.cloud, None, {})

@@ -27,9 +27,11 @@ from dataclasses import dataclass
 from crosscloud.core.federation import Federation
 from crosscloud.energy.power import DEFAULT_PUE, device_power, effective_price
 from crosscloud.grid.demand_response import Action, read_directives, write_directive
+from crosscloud.grid.hold import is_grid
 from crosscloud.ledger import Ledger
 from crosscloud.pool.inventory import electricity_now
 from crosscloud.run.plan import Plan
+from crosscloud.scheduler.entry import decision_from_json
 from crosscloud.store.open_store import open_store
 
 SOURCE = "prices"
@@ -130,10 +132,24 @@ def follow_prices(fed: Federation, tenant: str, run_id: str, now: float | None =
 
 
 def follow_prices_all(fed: Federation, ledger: Ledger | None = None, now: float | None = None) -> list[dict]:
-    """``follow_prices`` for every run holding devices now whose job asked for it (``JobSpec.follow_prices``)."""
+    """``follow_prices`` for every run holding devices now whose job asked for it (``JobSpec.follow_prices``).
+
+    A run the queue's pass is pausing for prices or room (``scheduler.pauses``) is left to it: the whole run
+    stops after its round, and shifting a share for that round would only slow the round it stops at."""
+    ledger = ledger or Ledger()
     out = []
-    for tenant, run_id in sorted({(r.tenant, r.run_id) for r in (ledger or Ledger()).active()}):
+    for tenant, run_id in sorted({(r.tenant, r.run_id) for r in ledger.active() if not is_grid(r.tenant)}):
         plan = Plan.load(open_store(fed.local_cloud, tenant), tenant, run_id)
-        if plan.spec.follow_prices and len(plan.clouds) > 1:
-            out.append(follow_prices(fed, tenant, run_id, now))
+        if not (plan.spec.follow_prices and len(plan.clouds) > 1):
+            continue
+        pausing = _pausing(ledger, tenant, run_id)
+        out.append({"run_id": run_id, "tenant": tenant, "away": [], "changed": [], "unknown": [pausing]} if pausing
+                   else follow_prices(fed, tenant, run_id, now))
     return out
+
+
+def _pausing(ledger: Ledger, tenant: str, run_id: str) -> str:
+    """Why the queue is stopping the run (its pass decided to pause it), or ""."""
+    row = ledger.queue.get(tenant, run_id)
+    decision = decision_from_json(row.decision) if row is not None and row.state == "running" else None
+    return f"left to the queue: {decision.reason}" if decision is not None and decision.kind == "pause" else ""
