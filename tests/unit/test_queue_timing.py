@@ -316,3 +316,9 @@ def test_a_run_ends_by_its_deadline_from_its_last_start():
     # 42.2 h of work due at hour 44.1: from hour 2 it would end at 44.2
     assert Item("x", 44.1, (0,), devices=1, occ=occupancy(42.2)).last_start == 1
     assert Item("x", 44.0, (0,), devices=1, occ=occupancy(42.0)).last_start == 2
+
+
+def test_a_run_as_cheap_now_as_later_starts_now_however_small_its_cost():
+    # a short run costing a thousandth of a dollar: the joint plan's equal hours go to the earliest
+    d = _pass([_entry("tiny", runtime_h=0.05)], _world(), _rates([2e-3] * 3 + [9] * 200)).decisions[("t", "tiny")]
+    assert d.kind == "start"

@@ -26,7 +26,7 @@ import numpy as np
 
 MAX_RUNS = 200
 TIME_LIMIT_S = 2.0
-EARLIER = 1e-6  # a start an hour later costs this share more: equal hours go to the earliest
+EARLIER = 1e-4  # a start an hour later costs this share more: equal hours go to the earliest, not to the solver's
 UNSERVED = 100.0  # the penalty of leaving a run out of the plan, times its dearest option
 
 
@@ -57,6 +57,8 @@ def solve(runs: list[Run], room: np.ndarray, time_limit_s: float = TIME_LIMIT_S)
     from scipy.sparse import coo_matrix
 
     hours = room.shape[1]
+    finite = [c[np.isfinite(c)] for run in runs for o in run.options for c in [o.cost]]
+    unit = max(float(np.mean(np.concatenate(finite))), 1e-12) if any(len(f) for f in finite) else 1.0
     cost, rows, cols, vals, eq, owner, now = [], [], [], [], [], [], []
     for r, run in enumerate(runs):
         dearest = max((float(c[np.isfinite(c)].max()) for o in run.options for c in [o.cost] if np.isfinite(c).any()),
@@ -66,7 +68,7 @@ def solve(runs: list[Run], room: np.ndarray, time_limit_s: float = TIME_LIMIT_S)
                 if s + len(run.occ) > hours:
                     continue
                 v = len(cost)
-                cost.append(float(o.cost[s]) * (1 + EARLIER * s))  # of equal costs, the earliest
+                cost.append(float(o.cost[s]) / unit * (1 + EARLIER * s))  # in units of ~1: tolerances hold
                 eq.append(r)
                 owner.append((r, i, int(s)))
                 now.append(s == 0)
@@ -75,7 +77,7 @@ def solve(runs: list[Run], room: np.ndarray, time_limit_s: float = TIME_LIMIT_S)
                         rows.append(p * hours + s + k)
                         cols.append(v)
                         vals.append(n * share)
-        cost.append(UNSERVED * max(dearest, 1e-6))
+        cost.append(UNSERVED * max(dearest / unit, 1e-6))
         eq.append(r)
         owner.append((r, -1, -1))
         now.append(False)
@@ -88,7 +90,7 @@ def solve(runs: list[Run], room: np.ndarray, time_limit_s: float = TIME_LIMIT_S)
     res = milp(np.asarray(cost), integrality=np.asarray(now, dtype=int), bounds=Bounds(0, 1),
                constraints=[LinearConstraint(a_ub, -np.inf, np.maximum(room, 0).reshape(-1)),
                             LinearConstraint(a_eq, ones, ones)],
-               options={"time_limit": time_limit_s, "mip_rel_gap": 1e-3})
+               options={"time_limit": time_limit_s, "mip_rel_gap": 1e-5})
     x = res.x
     if x is None:  # no whole plan within the limit: the relaxation's
         x = linprog(np.asarray(cost), A_ub=a_ub, b_ub=np.maximum(room, 0).reshape(-1), A_eq=a_eq, b_eq=ones,
