@@ -105,7 +105,7 @@ def admissions(where: str, index: int, count: int, args: dict, start) -> tuple[l
 
 def oversubscribed(where: str, fed: Federation) -> int:
     """Instants at which the ledger's rows held more than a pool's devices or a tenant's quota on a cloud."""
-    capacity = {(c.name, p.accelerator): p.count for c in fed.clouds for p in c.pools}
+    capacity = fed.capacity()
     quota = {(t.name, cloud): q for t in fed.tenants for cloud, q in t.quotas.items()}
     engine = sa.create_engine(ledger_url(where))
     with engine.connect() as conn:

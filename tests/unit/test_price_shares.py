@@ -133,7 +133,7 @@ def test_only_runs_that_asked_for_it_follow_prices(run, ledger):
     fed, plan, home = run
     other = plan.model_copy(update={"run_id": plan.run_id + "-fixed", "job": JobSpec(follow_prices=False)})
     other.save(home)
-    capacity = {(c.name, p.accelerator): p.count for c in fed.clouds for p in c.pools}
+    capacity = fed.capacity()
     quotas = dict(fed.tenant("team-a").quotas)
     for p in (plan, other):
         ledger.admit("team-a", p.run_id, lambda usage: [("beijing", "cpu", 1)], capacity, quotas)

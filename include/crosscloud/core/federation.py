@@ -342,6 +342,10 @@ class Federation(_Model):
                 raise ValueError(f"datasets.{ds.name}.residency: {ds.residency!r} is not declared under jurisdictions")
         return self
 
+    def capacity(self) -> dict[tuple[str, str], int]:
+        """Each pool's devices by (cloud, accelerator): what the ledger checks reservations against."""
+        return {(c.name, p.accelerator): p.count for c in self.clouds for p in c.pools}
+
     # -- lookups with helpful errors -------------------------------------------------
     def cloud(self, name: str) -> Cloud:
         for cloud in self.clouds:

@@ -25,7 +25,7 @@ def is_grid(tenant: str) -> bool:
 
 def hold_free(fed: Federation, cloud: str, duration_s: float, ledger: Ledger | None = None) -> int:
     """Reserve every free device of ``cloud`` for ``duration_s``; returns how many (a second request renews)."""
-    capacity = {(c.name, p.accelerator): p.count for c in fed.clouds for p in c.pools}
+    capacity = fed.capacity()
     mine = {key: n for key, n in capacity.items() if key[0] == cloud}
 
     def free(usage):

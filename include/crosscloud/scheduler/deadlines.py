@@ -112,14 +112,17 @@ def _place(free: np.ndarray, item: Item, first: int, w: Witness) -> bool:
     return True
 
 
-def witness(free: np.ndarray, items: Sequence[Item], first: int) -> Witness:
-    """Earliest deadline first, each at its earliest fit from hour ``first``; ``free`` (clouds x hours) is not changed.
+def edf(items: Sequence[Item], first: int) -> list[Item]:
+    """Earliest deadline first, the work that must start at ``first`` (its last start) before the rest: placed later
+    in deadline order, it would find the hour taken by work that could have waited."""
+    return sorted(items, key=lambda i: (not (i.occ is not None and i.last_start <= first), i.deadline, i.arrival,
+                                        i.name))
 
-    The work that must start at ``first`` (its last start) goes before the rest: placed later in deadline order,
-    it would find the hour taken by work that could have waited."""
+
+def witness(free: np.ndarray, items: Sequence[Item], first: int) -> Witness:
+    """In ``edf`` order, each at its earliest fit from hour ``first``; ``free`` (clouds x hours) is not changed."""
     free, w = free.copy(), Witness(True)
-    for item in sorted(items, key=lambda i: (not (i.occ is not None and i.last_start <= first), i.deadline,
-                                             i.arrival, i.name)):
+    for item in edf(items, first):
         if not _place(free, item, first, w):
             return Witness(False, w.starts, w.fills, item.name)
     return w
@@ -197,8 +200,7 @@ class Guard:
         chosen = Witness(True)
         trial = free.copy()
         by_name = {i.name: i for i in items}
-        for item in sorted(items, key=lambda i: (not (i.occ is not None and i.last_start <= now), i.deadline,
-                                                 i.arrival, i.name)):
+        for item in edf(items, now):
             if item.name in full.starts and full.starts[item.name][1] == now:
                 c, s = full.starts[item.name]
                 trial[c, s:s + len(item.occ)] -= item.devices * item.occ

@@ -56,45 +56,43 @@ def solve(runs: list[Run], room: np.ndarray, time_limit_s: float = TIME_LIMIT_S)
     from scipy.optimize import Bounds, LinearConstraint, linprog, milp
     from scipy.sparse import coo_matrix
 
-    hours = room.shape[1]
-    finite = [c[np.isfinite(c)] for run in runs for o in run.options for c in [o.cost]]
-    unit = max(float(np.mean(np.concatenate(finite))), 1e-12) if any(len(f) for f in finite) else 1.0
-    cost, rows, cols, vals, eq, owner, now = [], [], [], [], [], [], []
-    for r, run in enumerate(runs):
-        dearest = max((float(c[np.isfinite(c)].max()) for o in run.options for c in [o.cost] if np.isfinite(c).any()),
-                      default=1.0)
-        for i, o in enumerate(run.options):
-            for s in np.flatnonzero(np.isfinite(o.cost)):
-                if s + len(run.occ) > hours:
-                    continue
-                v = len(cost)
-                cost.append(float(o.cost[s]) / unit * (1 + EARLIER * s))  # in units of ~1: tolerances hold
-                eq.append(r)
-                owner.append((r, i, int(s)))
-                now.append(s == 0)
-                for p, n in zip(o.pools, o.devices):
-                    for k, share in enumerate(run.occ):
-                        rows.append(p * hours + s + k)
-                        cols.append(v)
-                        vals.append(n * share)
-        cost.append(UNSERVED * max(dearest / unit, 1e-6))
-        eq.append(r)
-        owner.append((r, -1, -1))
-        now.append(False)
     if not runs:
         return {}
-    n = len(cost)
-    a_ub = coo_matrix((vals, (rows, cols)), shape=(room.size, n)).tocsr()
+    hours, room = room.shape[1], np.maximum(room, 0).reshape(-1)
+    finite = [o.cost[np.isfinite(o.cost)] for run in runs for o in run.options]
+    unit = max(float(np.mean(np.concatenate(finite))), 1e-12) if any(len(f) for f in finite) else 1.0
+    cost, rows, cols, vals, owner = [], [], [], [], []
+    n = 0
+    for r, run in enumerate(runs):
+        dearest = max((float(o.cost[np.isfinite(o.cost)].max()) for o in run.options if np.isfinite(o.cost).any()),
+                      default=1.0)
+        span = np.arange(len(run.occ))
+        for i, o in enumerate(run.options):
+            starts = np.flatnonzero(np.isfinite(o.cost))
+            starts = starts[starts + len(run.occ) <= hours]
+            ids = n + np.arange(len(starts))
+            cost.append(o.cost[starts] / unit * (1 + EARLIER * starts))  # in units of ~1: tolerances hold
+            owner += [(r, i, int(s)) for s in starts]
+            for p, devices in zip(o.pools, o.devices):  # the devices it takes each hour it runs
+                rows.append((p * hours + starts[:, None] + span).ravel())
+                cols.append(np.repeat(ids, len(span)))
+                vals.append(np.tile(devices * run.occ, len(starts)))
+            n += len(starts)
+        cost.append(np.array([UNSERVED * max(dearest / unit, 1e-6)]))
+        owner.append((r, -1, -1))
+        n += 1
+    cost = np.concatenate(cost)
+    eq = np.array([r for r, _, _ in owner])  # each variable's run: its shares add up to one
+    now = np.array([s == 0 for _, _, s in owner], dtype=int)
+    a_ub = coo_matrix((np.concatenate(vals), (np.concatenate(rows), np.concatenate(cols))), shape=(room.size, n)).tocsr()
     a_eq = coo_matrix((np.ones(n), (eq, np.arange(n))), shape=(len(runs), n)).tocsr()
     ones = np.ones(len(runs))
-    res = milp(np.asarray(cost), integrality=np.asarray(now, dtype=int), bounds=Bounds(0, 1),
-               constraints=[LinearConstraint(a_ub, -np.inf, np.maximum(room, 0).reshape(-1)),
-                            LinearConstraint(a_eq, ones, ones)],
+    res = milp(cost, integrality=now, bounds=Bounds(0, 1),
+               constraints=[LinearConstraint(a_ub, -np.inf, room), LinearConstraint(a_eq, ones, ones)],
                options={"time_limit": time_limit_s, "mip_rel_gap": 1e-5})
     x = res.x
     if x is None:  # no whole plan within the limit: the relaxation's
-        x = linprog(np.asarray(cost), A_ub=a_ub, b_ub=np.maximum(room, 0).reshape(-1), A_eq=a_eq, b_eq=ones,
-                    bounds=(0, 1), method="highs").x
+        x = linprog(cost, A_ub=a_ub, b_ub=room, A_eq=a_eq, b_eq=ones, bounds=(0, 1), method="highs").x
     if x is None:
         return {}
     best: dict[int, tuple[float, int, int]] = {}

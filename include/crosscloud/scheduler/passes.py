@@ -220,13 +220,13 @@ def run_pass(entries: Iterable[Entry], world: World, now: float, network: Transf
         for e in timed:  # the work admitted before this pass, then what arrived since, in order
             if e.key in previous:
                 timing.admit(e, state.eligible(e))
-        for e in sorted((e for e in timed if e.key not in previous), key=lambda e: e.submitted_at):
-            timing.arrive(e, state.eligible(e), [(resumed(r.entry), r.until) for r in running] if make_room_for_due else [])
+        arrived = sorted((e for e in timed if e.key not in previous), key=lambda e: e.submitted_at)
+        timing.arrive([(e, state.eligible(e)) for e in arrived],
+                      [(resumed(r.entry), r.until) for r in running] if make_room_for_due else [])
         timing.settle()
         # a paused run stops after its round: its devices free up for the hours it waits, not for this pass
         out.paused = decide_pauses(running, timing)
-        timing.plan_jointly([(e, state.eligible(e)) for e in entries
-                             if e.deferrable and e.deadline is not None and not timing.infeasible(e)])
+        timing.plan_jointly([(e, state.eligible(e)) for e in timed if not timing.infeasible(e)])
         due = sorted((e for e in entries if timing.is_due(e)), key=lambda e: (e.deadline, e.submitted_at))
     for entry in due:  # a run whose deadline is due goes first: waiting longer would lose it
         _consider(entry, state, order, out, previous.get(entry.key), timed=True)

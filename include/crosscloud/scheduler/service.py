@@ -146,12 +146,11 @@ class Queue:
         result = run_pass(entries, world, now, self.network, {k: d for k, d in previous.items() if d},
                           self.weights, self.max_scan, rates, running)
         ids = {(r.tenant, r.run_id): r.id for r in rows}
-        capacity = {(c.name, p.accelerator): p.count for c in self.fed.clouds for p in c.pools}
         holders = {r.id: r.holder for r in rows}
         # each under its own waiter's name: where to look when its lease lapses
         starts = [(ids[e.key], e.tenant, e.run_id, list(d.parts), decision_json(d), holders[ids[e.key]])
                   for e, d in result.started]
-        started = set(self.ledger.start(starts, capacity, self.quotas, now=now))
+        started = set(self.ledger.start(starts, self.fed.capacity(), self.quotas, now=now))
         late = [(e, d) for e, d in result.started if ids[e.key] not in started]  # another host took them first
         result.started = [(e, d) for e, d in result.started if ids[e.key] in started]
         for e, d in late:

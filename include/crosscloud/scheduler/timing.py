@@ -218,7 +218,6 @@ class Timing:
                 continue
             options = []
             for o, (v, _, _) in costs.items():
-                v = np.where(np.isfinite(v), v, np.inf)
                 if self.is_due(entry):
                     v = np.where(np.arange(len(v)) == 0, v, np.inf)
                 options.append((o, joint.Option(tuple(self.index.get(k, -1) for k in o),
@@ -268,20 +267,20 @@ class Timing:
         self.items[entry.key] = [Item(f"{entry.tenant}/{entry.run_id}/{i}", self._deadline_h(entry), c, devices=n,
                                       occ=occ) for i, c in enumerate(parts)]
 
-    def arrive(self, entry: Entry, eligible: list[Key], pausable: list[tuple[Entry, float]] = ()) -> str:
-        """A run submitted since the last pass is protected only if an EDF schedule of it and the work admitted before
-        it meets every deadline; else it is named (returned, and kept in ``named``) and runs as best effort, so a
+    def arrive(self, arrivals: list[tuple[Entry, list[Key]]], pausable: list[tuple[Entry, float]] = ()) -> None:
+        """The runs submitted since the last pass, in order: each is protected only if an EDF schedule of it and the
+        work admitted before it meets every deadline; else it is named (``named``) and runs as best effort, so a
         late arrival never takes the hours an admitted run was counting on. ``pausable``: the running runs a pass may
         pause to make room (each resumed, and when its devices are due back): a schedule that pauses them counts."""
         self._prune()
-        self.admit(entry, eligible)
-        if entry.key not in self.items or witness(np.maximum(self.free, 0.0), self.protected(), 0).ok \
-                or self._fits_pausing(pausable):
-            return ""
-        self.items.pop(entry.key)
-        self.named[entry.key] = why = ("its deadline cannot be met with the work admitted before it (no schedule of "
-                                       "both meets every deadline)")
-        return why
+        for entry, eligible in arrivals:
+            self.admit(entry, eligible)
+            if entry.key not in self.items or witness(np.maximum(self.free, 0.0), self.protected(), 0).ok \
+                    or self._fits_pausing(pausable):
+                continue
+            self.items.pop(entry.key)
+            self.named[entry.key] = ("its deadline cannot be met with the work admitted before it (no schedule of "
+                                     "both meets every deadline)")
 
     def _fits_pausing(self, pausable: list[tuple[Entry, float]]) -> bool:
         """Whether every protected deadline has a schedule with the ``pausable`` runs paused and waiting again."""
