@@ -332,7 +332,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--tenant", action="append", default=[], metavar="T", help="show only this tenant's use and runs (repeatable)")
     p.add_argument("--airflow", metavar="URL", help="ask this Airflow api-server's crosscloud page: only your own tenants")
     p.add_argument("--user", help="with --airflow: sign in as this Airflow user (default: the token in AIRFLOW_API_TOKEN)")
-    p.add_argument("--password", help="with --user (default: AIRFLOW_PASSWORD, else asked for)")
+    p.add_argument("--password", help="with --user (default: AIRFLOW_PASSWORD, else asked for); write --password=P if P starts with -")
     p.add_argument("--federation")
     p.add_argument("--json", action="store_true")
     p = sub.add_parser("warm", help="is each artifact really warm on each cloud: present and (with --verify) intact")

@@ -148,7 +148,7 @@ def test_inventory_command_through_airflow_shows_the_same(server, user, capsys, 
         monkeypatch.setenv("AIRFLOW_API_TOKEN", server.token("bob"))
         args = []
     else:
-        args = ["--user", user, "--password", server.passwords[user]]
+        args = ["--user", user, f"--password={server.passwords[user]}"]  # a password may start with "-"
     assert cli.main(["inventory", "--airflow", server.url, "--json", *args]) == 0
     out, err = capsys.readouterr()
     got = json.loads(out)
