@@ -147,7 +147,7 @@ def record(decision: dict) -> str:
     default_args={"retries": 1, "retry_delay": timedelta(seconds=10)},
     params={
         "tenant": Param("team-a", type="string", description="Tenant whose model is served."),
-        "model": Param("crosscloud-team-a-small", type="string", description="Registered model name (MLflow)."),
+        "model": Param("crosscloud-team-a-byte-lm-small", type="string", description="Registered model name (MLflow): crosscloud-<tenant>-<the program's model name>."),
         "alias": Param("champion", type="string", description="Alias of the version to serve."),
         "clouds": Param([], type="array", items={"type": "string"},
                         description="Clouds that may serve (empty: every cloud the tenant has a quota on)."),

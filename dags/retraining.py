@@ -9,18 +9,23 @@ pipeline's task with it as an outlet, or *Assets -> Create event* in the UI).
    run and waits for its start deferred, holding no worker slot (at 03:00 on a
    busy cloud it waits its turn; with `deferrable` and a `deadline` it waits
    for cheaper hours). When it starts, it continues the tenant's registered
-   model (`crosscloud-<tenant>-<model size>` in the MLflow model registry: the
-   version with the alias `champion`, else the newest; from the seed when none
-   is registered yet).
+   model: its program's own (`crosscloud-<tenant>-<model name>` in the MLflow
+   model registry, docs/programs.md#names-and-versions), the version with the
+   alias `champion`, else the newest; from the seed when none is registered
+   yet. A program whose model is another architecture than that version's is
+   refused before anything trains.
 2. **preheat**, **dispatch_***, **sync_checkpoints**, **cleanup**: the
    stages of `cross_cloud_training`; the rounds are watched deferred.
 3. **aggregate** evaluates the final model and registers it as a new version
    with lineage tags (plan, clouds, data digests, DAG run id,
    `crosscloud.parent_model`), tracked in the MLflow experiment `retraining`.
-4. **decide** evaluates the current champion on that run's held-out set, the
-   same bytes the new model was measured on, and moves the alias `champion` to
-   the new version only if its eval loss is lower. The version is tagged
-   `crosscloud.promoted` either way.
+4. **decide** compares the new model with the champion on that run's
+   held-out set: the run continued the champion, so the home cloud's sub-task
+   measured the champion as the run's global 0, on the same bytes and device
+   as the new model (no model is loaded in this task). It moves the alias
+   `champion` to the new version only if its eval loss is lower. The version
+   is tagged `crosscloud.promoted` either way, and `crosscloud.not_compared`
+   with why when the champion moved while the retrain ran.
 """
 
 from __future__ import annotations
@@ -49,7 +54,12 @@ JOB = JobSpec()
     default_args={"retries": 2, "retry_delay": timedelta(seconds=5)},
     params={
         "tenant": Param("team-a", type="string", description="Tenant whose model is retrained."),
-        "model_size": Param("small", enum=["tiny", "small", "base", "large"], description="Model preset (one registered model each)."),
+        "program": Param(JOB.program, type="string", minLength=1,
+                         description="The training program whose registered model is retrained (docs/programs.md)."),
+        "program_args": Param(JOB.program_args, type="object",
+                              description="A JSON object the program reads as run.args (over seed, lr and model_size)."),
+        "model_size": Param("small", enum=["tiny", "small", "base", "large"],
+                            description="The byte-LM program's preset (one registered model each)."),
         "rounds": Param(4, type="integer", minimum=1, description="Outer rounds of the retraining run."),
         "inner_steps": Param(25, type="integer", minimum=1, description="Inner steps per round (H)."),
         "global_batch": Param(24, type="integer", minimum=1, description="Sequences per inner step over all clouds."),
@@ -78,7 +88,7 @@ def retraining():
         from crosscloud.pipeline.retraining import decide as decide_promotion
 
         verdict = decide_promotion(result)
-        against = ("no champion yet" if verdict["champion_eval_loss"] is None else
+        against = (verdict["not_compared"] or "no champion yet" if verdict["champion_eval_loss"] is None else
                    f"champion version {verdict['champion_version']} at {verdict['champion_eval_loss']:.4f}")
         print(f"version {verdict['version']} at {verdict['eval_loss']:.4f} against {against}: "
               f"{'promoted to champion' if verdict['promoted'] else 'not promoted'}")

@@ -20,6 +20,11 @@ from crosscloud.training.model import ByteLM, batches, evaluate as byte_loss
 FAMILY = "byte-lm"
 
 
+def model_name(args: dict) -> str:
+    """Its registered model: one per preset, since each preset is another architecture."""
+    return f"byte-lm-{args['model_size']}"
+
+
 def build_model(args: dict) -> torch.nn.Module:
     """The model every cloud starts from: the same seed gives the same weights."""
     torch.manual_seed(args["seed"])

@@ -69,6 +69,15 @@ def model_shape(args: dict) -> dict:
     return shape
 
 
+def model_name(args: dict) -> str:
+    """Its registered model: one per architecture and size (a size overridden key by key names its shape)."""
+    shape = model_shape(args)
+    size = args.get("size", "tiny")
+    if any(args.get(k) is not None for k in ("n_layer", "n_embd", "n_head", "seq_len")):
+        size = f"l{shape['n_layer']}-d{shape['n_embd']}-h{shape['n_head']}-s{shape['seq_len']}"
+    return f"{args.get('arch', 'gpt2')}-{size}"
+
+
 def _config(arch: str, shape: dict, tie: bool):
     """A ``transformers`` config from our shape: dropout off (deterministic steps), no KV cache, SDPA attention."""
     common = {"vocab_size": shape["vocab_size"], "tie_word_embeddings": tie, "use_cache": False,

@@ -194,7 +194,9 @@ def _one_tenant(args) -> str:
 def _dataset(args) -> int:
     fed = load_federation(args.federation)
     sent = upload_dataset(fed, args.tenant, args.name, Path(args.folder))
-    print(f"dataset {args.name}: {sent['files']} files, {sent['bytes'] / 2**20:.1f} MiB in the store of {sent['cloud']}")
+    gone = f"; {sent['removed']} file(s) of an earlier put removed" if sent["removed"] else ""
+    print(f"dataset {args.name}: {sent['files']} files, {sent['bytes'] / 2**20:.1f} MiB in the store of {sent['cloud']}"
+          f"{gone}")
     return 0
 
 

@@ -171,7 +171,7 @@ def test_run_logged_its_plots_and_registered_its_model(server, finished_run):
     for path in plots:  # kept beside the screenshots, to look at
         shutil.copy(client.download_artifacts(parent, path, str(server.root)), SHOTS / f"mlflow-{Path(path).name}")
     model = finished_run["summary"]["model"]
-    assert model["name"] == registry.model_name("team-a", CONF["model_size"])
+    assert model["name"] == registry.model_name("team-a", f"byte-lm-{CONF['model_size']}")
     version = client.get_model_version(model["name"], str(model["version"]))
     assert version.run_id == parent
     assert version.tags["airflow.run_id"] == run_id and version.tags["airflow.dag_id"] == "cross_cloud_training"

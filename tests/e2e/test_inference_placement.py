@@ -32,7 +32,7 @@ from crosscloud_airflow.ui import serving_section
 
 pytestmark = [pytest.mark.inference, pytest.mark.e2e, pytest.mark.slow]
 
-TENANT, MODEL = "team-a", "crosscloud-team-a-tiny"
+TENANT, MODEL = "team-a", "crosscloud-team-a-byte-lm-tiny"
 TRAIN = {"tenant": TENANT, "model_size": "tiny", "rounds": 1, "inner_steps": 4, "global_batch": 8, "seed": 5,
          "inner_lr": 3e-3}
 CONF = {"tenant": TENANT, "model": MODEL, "alias": "champion", "clouds": [], "users_near": "beijing",

@@ -50,7 +50,7 @@ def test_registry_holds_versions_with_lineage_and_the_champion_alias(runs):
     from mlflow.tracking import MlflowClient
 
     client = MlflowClient()
-    name = registry.model_name("team-b", "tiny")
+    name = registry.model_name("team-b", "byte-lm-tiny")
     versions = {int(v.version): v for v in client.search_model_versions(f"name = '{name}'")}
     assert sorted(versions) == [1, 2, 3]
     assert int(registry.champion(client, name).version) == 3

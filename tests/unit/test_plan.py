@@ -69,3 +69,17 @@ def test_the_outer_step_has_one_set_of_defaults():
     assert JobSpec(outer_lr=1.4, outer_momentum=0.9).outer == OuterConfig(lr=1.4, momentum=0.9)
     with pytest.raises(TypeError):
         OuterConfig()  # no defaults of its own: a run's values are its job spec's
+
+
+def test_a_plan_from_before_program_names_registers_under_the_old_preset_name(tmp_path):
+    from crosscloud.tracking.registry import plan_model_name
+
+    spec = JobSpec(model_size="tiny")
+    store = LocalStore(tmp_path)
+    program = {"name": "examples/byte_lm/train.py", "file": "train.py", "code": BLOB, "family": "byte-lm"}
+    for stored in (_written_before(spec), {**_written_before(spec), "program": program}):
+        store.put("team-a/runs/r1/plan.json", json.dumps(stored).encode())
+        plan = Plan.load(store, "team-a", "r1")
+        assert plan_model_name(plan) == "crosscloud-team-a-tiny"  # the old name stays the one it continues
+    plan.program.model = "byte-lm-tiny"
+    assert plan_model_name(plan) == "crosscloud-team-a-byte-lm-tiny"

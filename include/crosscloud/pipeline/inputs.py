@@ -11,6 +11,8 @@ from __future__ import annotations
 import subprocess
 import sys
 import tempfile
+from collections.abc import Callable, Iterable
+from functools import partial
 from pathlib import Path, PurePosixPath
 from types import ModuleType
 from typing import NamedTuple
@@ -19,12 +21,15 @@ from crosscloud.core.federation import Dataset, Federation
 from crosscloud.core.job import DEFAULT_DATASET, JobSpec
 from crosscloud.run.plan import ProgramRef
 from crosscloud.store.base import ObjectStore
-from crosscloud.store.chunks import BlobRef, ChunkIndex, put_blob
+from crosscloud.store.chunks import BlobRef, ChunkIndex, put_blob, put_blob_stream
+from crosscloud.store.header import architecture, parameters
 from crosscloud.store.open_store import open_store
 from crosscloud.store.tensors import from_bytes, to_bytes
 from crosscloud.training.corpus import build_corpus
-from crosscloud.training.program import ProgramError, load_program, program_family, program_source
-from crosscloud.training.session import load_params, parameters
+from crosscloud.training.program import (ProgramError, load_program, program_family, program_model_name,
+                                         program_source)
+from crosscloud.training.session import load_params
+from crosscloud.training.session import parameters as model_parameters
 
 
 class RunInputs(NamedTuple):
@@ -45,14 +50,21 @@ class LoadedProgram(NamedTuple):
     code: bytes
     family: str
     dataset: str  # the dataset it reads unless the job names one (its DATASET)
+    model_name: str  # what its models are registered as, under the tenant
+
+
+class ArchitectureMismatch(ProgramError):
+    """Weights to start from (a registered version) that the program's model cannot continue."""
 
 
 def load_job_program(spec: JobSpec) -> LoadedProgram:
     """The job's program, imported here to check it and to read its family before anything is admitted."""
     path = program_source(spec.program)
     module = load_program(path, spec.program)
-    return LoadedProgram(module, spec.program, path.name, path.read_bytes(), program_family(module, spec.program),
-                         getattr(module, "DATASET", DEFAULT_DATASET))
+    family = program_family(module, spec.program)
+    return LoadedProgram(module, spec.program, path.name, path.read_bytes(), family,
+                         getattr(module, "DATASET", DEFAULT_DATASET),
+                         program_model_name(module, path, family, spec.program_run_args(), spec.program))
 
 
 def _prepared(fed: Federation, tenant: str, ds: Dataset) -> None:
@@ -66,59 +78,95 @@ def _prepared(fed: Federation, tenant: str, ds: Dataset) -> None:
         upload_dataset(fed, tenant, ds.name, Path(out))
 
 
-def _files(store: ObjectStore, tenant: str, prefix: str, what: str, ds: Dataset) -> list[tuple[str, bytes]]:
+class DataFile(NamedTuple):
+    """One file of a run's dataset: its name and how to read it as a stream of blocks (never whole)."""
+
+    name: str
+    blocks: Callable[[], Iterable[bytes]]
+
+
+def _files(store: ObjectStore, tenant: str, prefix: str, what: str, ds: Dataset) -> list[DataFile]:
     root = f"{tenant}/{prefix.strip('/')}/"
     keys = sorted(k for k in store.list(root.rstrip("/")) if k.startswith(root) and not k.endswith("/"))
     if not keys:
         raise ProgramError(f"dataset {ds.name}: no {what} files under {root} in the store of cloud {ds.home} "
                            f"(put them there first, e.g. crosscloud dataset put {ds.name} FOLDER)")
-    return [(PurePosixPath(k).name, store.get(k)) for k in keys]
+    return [DataFile(PurePosixPath(k).name, partial(store.iter_chunks, k)) for k in keys]
 
 
-def dataset_files(fed: Federation, spec: JobSpec) -> tuple[list[tuple[str, bytes]], list[tuple[str, bytes]]]:
-    """(training shards, held-out files) as (name, bytes): built from the stdlib, or read from the home store."""
+def dataset_files(fed: Federation, spec: JobSpec) -> tuple[list[DataFile], list[DataFile]]:
+    """(training shards, held-out files): built from the stdlib, or read from the home store as streams."""
     ds = fed.dataset(spec.dataset)
     if ds.source == "python-stdlib":
         shards, held_out = build_corpus(ds.shards, spec.seed)
-        return [(f"shard-{i:03d}.bin", s) for i, s in enumerate(shards)], [("held-out-000.bin", held_out)]
+        return ([DataFile(f"shard-{i:03d}.bin", partial(iter, [s])) for i, s in enumerate(shards)],
+                [DataFile("held-out-000.bin", partial(iter, [held_out]))])
     home = open_store(fed.cloud(ds.home), spec.tenant)
     if ds.prepare and not home.list(f"{spec.tenant}/{ds.prefix.strip('/')}"):
         _prepared(fed, spec.tenant, ds)
     return _files(home, spec.tenant, ds.prefix, "training", ds), _files(home, spec.tenant, ds.eval_prefix, "held-out", ds)
 
 
-def materialize_inputs(fed: Federation, spec: JobSpec, program: LoadedProgram, init: bytes | None = None) -> RunInputs:
-    """Store the run's inputs as blobs; ``init`` (safetensors) starts from given weights, checked against the program's model."""
+def _check_continues(program: LoadedProgram, weights: bytes, init: bytes, init_from: str) -> None:
+    """Refuse, before anything trains, weights whose architecture the program's model is not."""
+    if architecture(init) != architecture(weights):
+        raise ArchitectureMismatch(
+            f"program {program.ref_name} cannot continue {init_from}: its model is another architecture "
+            f"({parameters(init):,} parameters, architecture {architecture(init)}) than the program builds "
+            f"({parameters(weights):,} parameters, architecture {architecture(weights)}); retraining across "
+            "architectures is refused. Give the program its own MODEL_NAME to start a new registered model "
+            "(docs/programs.md#names-and-versions)")
+
+
+def materialize_inputs(fed: Federation, spec: JobSpec, program: LoadedProgram, init: bytes | None = None,
+                       init_from: str = "the given weights") -> RunInputs:
+    """Store the run's inputs as blobs; ``init`` (safetensors; ``init_from`` says whose) starts from given
+    weights, checked against the program's model."""
     ds = fed.dataset(spec.dataset)
     train, held = dataset_files(fed, spec)
     data_home = open_store(fed.cloud(ds.home), spec.tenant)
     index = ChunkIndex(data_home, spec.tenant)
-    shard_refs = [put_blob(data_home, spec.tenant, data, kind="dataset", index=index, residency=ds.residency)[0]
-                  for _, data in train]
+    shard_refs = [put_blob_stream(data_home, spec.tenant, f.blocks(), kind="dataset", index=index,
+                                  residency=ds.residency)[0] for f in train]
     home = open_store(fed.local_cloud, spec.tenant)
-    held_refs = [put_blob(home, spec.tenant, data, kind="dataset", residency=ds.residency)[0] for _, data in held]
+    held_refs = [put_blob_stream(home, spec.tenant, f.blocks(), kind="dataset", residency=ds.residency)[0]
+                 for f in held]
     model = program.module.build_model(spec.program_run_args())
+    weights = to_bytes({n: p.detach() for n, p in model_parameters(model).items()})
     if init is not None:
+        _check_continues(program, weights, init, init_from)
         load_params(model, from_bytes(init))  # raises, naming the tensors, when they do not fit the program's model
-    init_ref, _ = put_blob(home, spec.tenant, to_bytes({n: p.detach() for n, p in parameters(model).items()}), kind="model")
+        weights = to_bytes({n: p.detach() for n, p in model_parameters(model).items()})
+    init_ref, _ = put_blob(home, spec.tenant, weights, kind="model")
     code_ref, _ = put_blob(home, spec.tenant, program.code, kind="program")
-    ref = ProgramRef(name=program.ref_name, file=program.file, code=code_ref, family=program.family)
-    return RunInputs(shard_refs, held_refs, init_ref, ref, [n for n, _ in train], [n for n, _ in held])
+    ref = ProgramRef(name=program.ref_name, file=program.file, code=code_ref, family=program.family,
+                     model=program.model_name, architecture=architecture(weights), parameters=parameters(weights))
+    return RunInputs(shard_refs, held_refs, init_ref, ref, [f.name for f in train], [f.name for f in held])
 
 
 def upload_dataset(fed: Federation, tenant: str, name: str, folder: Path) -> dict:
-    """Put ``folder/train/*`` and ``folder/val/*`` under a files dataset's prefixes in its home cloud's store."""
+    """Put ``folder/train/*`` and ``folder/val/*`` under a files dataset's prefixes in its home cloud's store, each
+    file streamed; the put replaces the dataset as a whole: files of an earlier put that this one lacks are
+    deleted once the new ones are in, so no run trains on a leftover."""
     ds = fed.dataset(name)
     if ds.source != "files":
         raise ProgramError(f"dataset {name} is built from {ds.source}, not put from files")
-    store, sent = open_store(fed.cloud(ds.home), tenant), {"cloud": ds.home, "files": 0, "bytes": 0}
-    for sub, prefix in (("train", ds.prefix), ("val", ds.eval_prefix)):
-        files = sorted(p for p in (folder / sub).glob("*") if p.is_file())
+    parts = [(prefix, sorted(p for p in (folder / sub).glob("*") if p.is_file()))
+             for sub, prefix in (("train", ds.prefix), ("val", ds.eval_prefix))]
+    for (prefix, files), sub in zip(parts, ("train", "val")):
         if not files:
             raise ProgramError(f"dataset {name}: {folder / sub} holds no files")
+    store, sent = open_store(fed.cloud(ds.home), tenant), {"cloud": ds.home, "files": 0, "bytes": 0, "removed": 0}
+    for prefix, files in parts:
+        root = f"{tenant}/{prefix.strip('/')}/"
         for path in files:
-            data = path.read_bytes()
-            store.put(f"{tenant}/{prefix.strip('/')}/{path.name}", data)
+            with open(path, "rb") as f:
+                store.put_stream(root + path.name, f)
             sent["files"] += 1
-            sent["bytes"] += len(data)
+            sent["bytes"] += path.stat().st_size
+        kept = {root + p.name for p in files}
+        for key in store.list(root.rstrip("/")):
+            if key.startswith(root) and key not in kept:
+                store.delete(key)
+                sent["removed"] += 1
     return sent

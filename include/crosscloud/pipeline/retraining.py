@@ -6,26 +6,27 @@ the ``champion`` version, else the newest version (a rejected retrain is not
 continued while a better champion exists), or the seed when none is
 registered yet. The run registers its final model as a new version
 (``registry.register``).
-``decide`` then measures the current champion on the held-out set of that
-run, the same bytes the new model's ``final_eval_loss`` was measured on, and
-moves the ``champion`` alias to the new version only when its loss is lower.
+``decide`` then compares the new model's ``final_eval_loss`` with the
+champion's loss on the same held-out set: a retrain that continued the
+champion starts from its weights, so the home cloud's sub-task measured that
+as global 0's loss. It moves the ``champion`` alias to the new version only
+when its loss is lower, and weighs nothing in the Airflow task but numbers.
 """
 
 from __future__ import annotations
 
 from crosscloud.core.job import JobSpec
-from crosscloud.pipeline.stages import Log, RunRef
-from crosscloud.store.open_store import open_store
-from crosscloud.store.tensors import from_bytes
+from crosscloud.pipeline.inputs import load_job_program
+from crosscloud.pipeline.stages import Log
 from crosscloud.tracking import registry
 from crosscloud.tracking.mlflow_runs import Tracker
-from crosscloud.training.evaluation import Evaluator
 
 
 def starting_point(spec: JobSpec, log: Log = print) -> tuple[bytes | None, dict[str, str]]:
-    """The weights a retrain of ``spec`` continues (None: from the seed) and the lineage tag naming their version."""
+    """The weights a retrain of ``spec`` continues (None: from the seed) and the lineage tag naming their version:
+    the program's own registered model (``registry.plan_model_name``)."""
     client = Tracker().client
-    name = registry.model_name(spec.tenant, spec.model_size)
+    name = registry.model_name(spec.tenant, load_job_program(spec).model_name)
     base = registry.champion(client, name) or registry.latest(client, name)
     log(f"retraining {name} from {f'version {base.version}' if base else 'scratch (no registered version yet)'}")
     if base is None:
@@ -34,28 +35,42 @@ def starting_point(spec: JobSpec, log: Log = print) -> tuple[bytes | None, dict[
 
 
 def retrained(run: dict, summary: dict) -> dict:
-    """What ``decide`` weighs: the run (a ``RunRef`` as a dict), the version it registered and its eval loss."""
-    return {"run": run, "model": summary["model"], "final_eval_loss": summary["metrics"]["final_eval_loss"]}
+    """What ``decide`` weighs: the run (a ``RunRef`` as a dict), the version it registered, its eval loss, and the
+    held-out loss of its global 0 (the weights it continued), as the home cloud's sub-task measured both."""
+    m = summary["metrics"]
+    return {"run": run, "model": summary["model"], "final_eval_loss": m["final_eval_loss"],
+            "start_eval_loss": m["eval_loss_start"]}
 
 
-def held_out_loss(ref: RunRef, weights: bytes) -> float:
-    """Eval loss of ``weights`` on the held-out set of run ``ref``."""
-    fed, plan = ref.load()
-    return Evaluator(plan, open_store(fed.local_cloud, plan.tenant), fed.local_cloud.name)(from_bytes(weights))
+def _champion_loss(client, name: str, result: dict, current) -> tuple[float | None, str]:
+    """The champion's held-out loss on the retrain's held-out set, and why there is none: global 0 of a retrain
+    that continued the champion is the champion, evaluated in the cloud on the same bytes as the new model."""
+    version = client.get_model_version(name, str(result["model"]["version"]))
+    parent = version.tags.get("crosscloud.parent_model")
+    start = result.get("start_eval_loss")
+    if parent != f"{name}/{current.version}":
+        return None, (f"the champion is version {current.version} and this retrain continued "
+                      f"{parent or 'the seed'}: the two were not compared on the same held-out set; retrain again")
+    if start is None or start != start:
+        return None, "the champion's held-out loss was not measured in this run (its global 0 was not evaluated)"
+    return float(start), ""
 
 
 def decide(result: dict) -> dict:
-    """Promote the retrained version to ``champion`` only if it beats the champion on the same held-out set."""
+    """Promote the retrained version to ``champion`` only if it beats the champion on the same held-out set; the
+    task compares two numbers and never loads a model."""
     client = Tracker().client
     name, version, new_loss = result["model"]["name"], result["model"]["version"], result["final_eval_loss"]
     current = registry.champion(client, name)
-    champion_loss = held_out_loss(RunRef(**result["run"]), registry.weights(client, current)) if current else None
-    promoted = champion_loss is None or new_loss < champion_loss
+    champion_loss, why_not = _champion_loss(client, name, result, current) if current else (None, "")
+    promoted = not why_not and (champion_loss is None or new_loss < champion_loss)
     if promoted:
         registry.promote(client, name, version)
     client.set_model_version_tag(name, str(version), "crosscloud.promoted", str(promoted).lower())
+    if why_not:
+        client.set_model_version_tag(name, str(version), "crosscloud.not_compared", why_not)
     if champion_loss is not None:
         client.set_model_version_tag(name, str(version), "crosscloud.champion_eval_loss", f"{champion_loss:.6f}")
     return {"name": name, "version": version, "eval_loss": new_loss, "champion_version": int(current.version) if current else None,
-            "champion_eval_loss": champion_loss, "promoted": promoted,
+            "champion_eval_loss": champion_loss, "promoted": promoted, "not_compared": why_not,
             "champion": version if promoted else int(current.version)}

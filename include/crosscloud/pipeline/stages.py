@@ -33,7 +33,7 @@ from crosscloud.run.history import load_history
 from crosscloud.run.plan import Candidate, Plan
 from crosscloud.store.base import StoreError
 from crosscloud.store.chunks import BlobRef, ChunkIndex, warmth
-from crosscloud.store.commit import read_commit, read_object, write_step
+from crosscloud.store.commit import iter_object, read_commit, write_step
 from crosscloud.store.credentials import require_credentials
 from crosscloud.store.network import nearest_first, store_seen_from
 from crosscloud.store.open_store import open_store
@@ -148,7 +148,11 @@ def admit_stage(
     program = load_job_program(spec)
     spec = dataclasses.replace(spec, dataset=spec.dataset or program.dataset)
     _check_runnable(fed, spec, program.family)
-    inputs = materialize_inputs(fed, spec, program, init)
+    parent = (tags or {}).get("crosscloud.parent_model")  # a retrain's: the registered version it continues
+    inputs = materialize_inputs(fed, spec, program, init, f"registered {parent}" if parent else "the given weights")
+    if experiment and spec.mode == "cross_cloud":  # a run that will register: refused now, not after it trained
+        registry.check_architecture(Tracker().client, registry.model_name(spec.tenant, program.model_name),
+                                    inputs.program.architecture, f"run {run_id}")
     ledger = Ledger()
     data_bytes, data_at = sum(r.size for r in inputs.shards), _holders(fed, spec.tenant, inputs.shards)
     if wait:
@@ -385,7 +389,7 @@ def _run_summary(plan: Plan, history: list[dict], clouds: dict, train_s: float, 
 
 def _register_model(tracker, plan: Plan, summary: dict, home, entry: dict) -> dict:
     """Log and register the final model in MLflow's registry; returns its name, version and source."""
-    return registry.register(tracker.client, plan, summary, read_object(home, {"objects": {"m": entry}}, "m"))
+    return registry.register(tracker.client, plan, summary, iter_object(home, entry))
 
 
 def _close_tracking(tracker, fed: Federation, plan: Plan, summary: dict, history: list[dict], handles: list[Handle]) -> None:

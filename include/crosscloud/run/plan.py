@@ -51,6 +51,11 @@ class ProgramRef(_Model):
     file: str = Field(description="the program's file name, kept so tracebacks name it")
     code: BlobRef
     family: str
+    # the registered model's name under the tenant, and global 0's architecture (store.header); empty in plans
+    # written before models were named per program: those register under the byte-LM preset's old name
+    model: str = ""
+    architecture: str = ""
+    parameters: int = 0
 
 
 class Plan(_Model):

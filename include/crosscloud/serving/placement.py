@@ -81,12 +81,18 @@ def resolve(client, name: str, alias: str) -> Version:
     from mlflow.artifacts import download_artifacts
     from mlflow.exceptions import MlflowException
 
-    from crosscloud.tracking.registry import weights
+    from crosscloud.tracking.registry import ARCHITECTURE, RegistryMismatch, check_architecture, weights
 
     try:
         version = client.get_model_version_by_alias(name, alias)
     except MlflowException as e:
         raise ServingPlacementError(f"registered model {name!r} has no version with alias {alias!r}: {e.message}") from None
+    if ARCHITECTURE in version.tags:  # a router's replicas all answer with one architecture, the champion's
+        try:
+            check_architecture(client, name, version.tags[ARCHITECTURE], f"serving {name} @{alias} (version "
+                               f"{version.version})")
+        except RegistryMismatch as e:
+            raise ServingPlacementError(str(e)) from None
     with tempfile.TemporaryDirectory() as tmp:
         plan = Plan.model_validate(json.loads(Path(download_artifacts(artifact_uri=f"{version.source}/plan.json",
                                                                       dst_path=tmp)).read_text()))

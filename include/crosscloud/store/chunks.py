@@ -19,7 +19,7 @@ from __future__ import annotations
 import hashlib
 import json
 import struct
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 
 from fastcdc import fastcdc
@@ -211,6 +211,45 @@ def put_blob(store: ObjectStore, tenant: str, data: bytes, kind: str = "blob",
     return ref, writer.written
 
 
+WINDOW = max(64 << 10, MAX_CHUNK)  # what fastcdc reads to place one cut: a chunk whose window is whole is final
+
+
+def cdc_stream(blocks: Iterable[bytes]) -> Iterator[bytes]:
+    """Content-defined chunks of a stream, the same cuts as ``chunk_spans`` gives raw data read whole, holding at
+    most a block and a window of it."""
+    buffer = bytearray()
+    for block in blocks:
+        buffer += block
+        taken = 0
+        for c in fastcdc(memoryview(buffer), MIN_CHUNK, AVG_CHUNK, MAX_CHUNK):
+            if c.offset + WINDOW > len(buffer):
+                break
+            yield bytes(buffer[c.offset : c.offset + c.length])
+            taken = c.offset + c.length
+        del buffer[:taken]
+    if buffer:
+        for c in fastcdc(memoryview(buffer), MIN_CHUNK, AVG_CHUNK, MAX_CHUNK):
+            yield bytes(buffer[c.offset : c.offset + c.length])
+
+
+def put_blob_stream(store: ObjectStore, tenant: str, blocks: Iterable[bytes], kind: str = "blob",
+                    index: ChunkIndex | None = None, residency: str | None = None) -> tuple[BlobRef, int]:
+    """``put_blob`` of raw data read as a stream (a store object, a file), in bounded memory: a dataset's files
+    never pass through a task whole."""
+    writer = PackWriter(store, tenant, index if index is not None else ChunkIndex(store, tenant))
+    whole, size, chunks = hashlib.sha256(), 0, []
+    for piece in cdc_stream(blocks):
+        digest = hashlib.sha256(piece).hexdigest()
+        chunks.append(Chunk(digest, len(piece)))
+        writer.add(digest, piece)
+        whole.update(piece)
+        size += len(piece)
+    writer.flush()
+    ref = BlobRef(sha256=whole.hexdigest(), size=size)
+    store.put(manifest_key(tenant, ref.sha256), Manifest(ref.sha256, size, kind, "raw", chunks, residency).to_json())
+    return ref, writer.written
+
+
 def load_manifest(store: ObjectStore, tenant: str, ref: BlobRef) -> Manifest:
     manifest = Manifest.from_json(store.get(manifest_key(tenant, ref.sha256)))
     if manifest.sha256 != ref.sha256 or manifest.size != ref.size or sum(c.size for c in manifest.chunks) != ref.size:
@@ -264,6 +303,23 @@ def read_blob(store: ObjectStore, tenant: str, ref: BlobRef) -> bytes:
     if len(data) != ref.size or sha256(data) != ref.sha256:
         raise IntegrityError(f"cloud {store.cloud}: artifact {ref.sha256[:12]} is corrupted (size {len(data)} of {ref.size})")
     return data
+
+
+def iter_blob(store: ObjectStore, tenant: str, ref: BlobRef) -> Iterator[bytes]:
+    """The artifact's bytes chunk by chunk, in bounded memory, each chunk checked as it is read and the whole at
+    the end: a consumer keeps nothing of a stream that raises."""
+    manifest = load_manifest(store, tenant, ref)
+    index = ChunkIndex(store, tenant)
+    if lacking := index.missing(manifest.unique()):
+        raise ObjectNotFound(f"cloud {store.cloud}: {len(lacking)} chunk(s) of {ref.sha256[:12]} are not here")
+    whole, size = hashlib.sha256(), 0
+    for chunk in manifest.chunks:
+        piece = read_chunks(store, index, index.where[chunk.sha256][0], [chunk.sha256])[chunk.sha256]
+        whole.update(piece)
+        size += len(piece)
+        yield bytes(piece)
+    if size != ref.size or whole.hexdigest() != ref.sha256:
+        raise IntegrityError(f"cloud {store.cloud}: artifact {ref.sha256[:12]} is corrupted (size {size} of {ref.size})")
 
 
 @dataclass(frozen=True)

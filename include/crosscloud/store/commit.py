@@ -9,10 +9,12 @@ harmless, which keeps task retries safe, and a committed step never changes.
 
 from __future__ import annotations
 
+import hashlib
 import json
+from collections.abc import Iterator
 
 from crosscloud.store.base import ObjectNotFound, ObjectStore
-from crosscloud.store.chunks import BlobRef, read_blob
+from crosscloud.store.chunks import BlobRef, iter_blob, read_blob
 from crosscloud.store.digest import IntegrityError, sha256
 
 COMMIT = "COMMIT.json"
@@ -87,6 +89,22 @@ def read_object(store: ObjectStore, commit: dict, name: str, reads: int = READS)
         except IntegrityError as exc:
             if attempt == reads - 1:
                 raise IntegrityError(f"{exc} (read {reads} times)") from None
+
+
+def iter_object(store: ObjectStore, entry: dict) -> Iterator[bytes]:
+    """A committed object (an entry of a commit's ``objects``) as a stream of chunks, in bounded memory, checked
+    against its size and sha256 at the end: a consumer keeps nothing of a stream that raises."""
+    if "artifact" in entry:
+        yield from iter_blob(store, entry["artifact"].split("/")[0], BlobRef(sha256=entry["sha256"], size=entry["size"]))
+        return
+    whole, size = hashlib.sha256(), 0
+    for chunk in store.iter_chunks(entry["key"]):
+        whole.update(chunk)
+        size += len(chunk)
+        yield chunk
+    if size != entry["size"] or whole.hexdigest() != entry["sha256"]:
+        raise IntegrityError(f"cloud {store.cloud}: {entry['key']} does not match its commit (size {size} vs "
+                             f"{entry['size']}, sha256 {whole.hexdigest()[:12]} vs {entry['sha256'][:12]})")
 
 
 def _read_verified(store: ObjectStore, entry: dict) -> bytes:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import re
 import sys
 import traceback
 from pathlib import Path
@@ -22,6 +23,7 @@ from crosscloud.store.base import ObjectStore
 from crosscloud.store.chunks import BlobRef, read_blob
 
 REQUIRED = ("build_model", "evaluate")
+NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}")  # what MLflow takes in a registered model's name, and a URI
 
 
 class ProgramError(RuntimeError):
@@ -79,6 +81,19 @@ def program_family(module: ModuleType, label: str) -> str:
         raise ProgramError(f"program {label} defines no FAMILY: the model family whose adapted images the "
                            "federation's images: lists, e.g. FAMILY = \"byte-lm\"")
     return family
+
+
+def program_model_name(module: ModuleType, path: Path, family: str, args: dict, label: str) -> str:
+    """The name the program's models are registered under (without the tenant): its ``MODEL_NAME``, or what its
+    ``model_name(args)`` returns (one name per architecture its arguments pick), else its file's stem and family."""
+    declared = getattr(module, "MODEL_NAME", None)
+    if callable(getattr(module, "model_name", None)):
+        declared = module.model_name(args)
+    name = f"{path.stem}-{family}" if declared is None else declared
+    if not isinstance(name, str) or not NAME.fullmatch(name):
+        raise ProgramError(f"program {label}: model name {name!r} is not a name: letters, digits, '.', '_' and '-', "
+                           "at most 100, starting with a letter or digit (set MODEL_NAME, or model_name(args))")
+    return name
 
 
 def cache_dir() -> Path:
