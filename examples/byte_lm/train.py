@@ -14,7 +14,7 @@ from pathlib import Path
 import torch
 
 import crosscloud.sdk as cc
-from crosscloud.core.presets import preset
+from crosscloud.core.presets import SAMPLE_SECONDS, preset
 from crosscloud.training.model import ByteLM, batches, evaluate as byte_loss
 
 FAMILY = "byte-lm"
@@ -23,6 +23,12 @@ FAMILY = "byte-lm"
 def model_name(args: dict) -> str:
     """Its registered model: one per preset, since each preset is another architecture."""
     return f"byte-lm-{args['model_size']}"
+
+
+def figures(args: dict) -> dict:
+    """What a sample and a device cost, until a run has measured it: the presets' reference figures."""
+    return {"seconds_per_sample": SAMPLE_SECONDS[args["model_size"]],
+            "memory_gb": preset(args["model_size"]).min_train_memory_gb()}
 
 
 def build_model(args: dict) -> torch.nn.Module:

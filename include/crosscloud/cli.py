@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import getpass
 import json
 import os
@@ -261,8 +262,22 @@ def _inventory(args) -> int:
     if args.tenant:
         inv.tenants = [t for t in inv.tenants if t.name in args.tenant]
         out["tenants"] = [t for t in out["tenants"] if t["name"] in args.tenant]
-    print(json.dumps(out, indent=2) if args.json else inv.format())
+    figures = [] if args.airflow else [f for t in inv.tenants for f in Ledger().figures.of_tenant(t.name)]
+    out["programs"] = [dataclasses.asdict(f) for f in figures]
+    print(json.dumps(out, indent=2) if args.json else inv.format() + _figures_text(figures))
     return 0
+
+
+def _figures_text(figures: list) -> str:
+    """The programs the shown tenants' runs measured: what placement sizes their next runs by."""
+    if not figures:
+        return ""
+    lines = ["", "programs as their runs measured them (placement sizes their next runs by these):",
+             f"  {'tenant':10} {'program':34} {'accelerator':14} {'parameters':>14} {'s/sample@1':>11} "
+             f"{'peak GB':>8} {'batch':>5} {'runs':>4}"]
+    lines += [f"  {f.tenant:10} {f.name[-34:]:34} {f.accelerator:14} {f.parameters:>14,} {f.seconds_per_sample:>11.5f} "
+              f"{f.peak_memory_gb:>8.2f} {f.batch:>5} {f.runs:>4}" for f in figures]
+    return "\n".join(lines)
 
 
 def _summary(args) -> int:

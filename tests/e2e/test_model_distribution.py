@@ -20,7 +20,8 @@ def test_distribution_pins_fetches_and_verifies(dagbag):
     release_stage(ref)
     _, plan = ref.load()
     run = dagbag.get_dag("model_distribution").test(
-        run_conf={"tenant": "team-b", "clouds": ["beijing", "singapore"], "budget_gb": 1.0, "artifacts": [plan.init.sha256]}
+        run_conf={"tenant": "team-b", "clouds": ["beijing", "singapore"], "budget_gb": 1.0,
+                  "artifacts": [plan.program.code.sha256]}
     )
     states = {(ti.task_id, ti.map_index): ti.state for ti in run.get_task_instances()}
     assert all(s == "success" for s in states.values()), states
@@ -28,6 +29,6 @@ def test_distribution_pins_fetches_and_verifies(dagbag):
     home = open_store(load_federation().local_cloud, "team-b")
     stored = [k for k in home.list("team-b/distribution") if k.endswith(".json")]
     shown = json.loads(home.get(stored[-1]))
-    assert plan.init.sha256 in shown["clouds"]["singapore"]["pinned"]  # the pinned model went where asked
+    assert plan.program.code.sha256 in shown["clouds"]["singapore"]["pinned"]  # the pinned artifact went where asked
     check = next(ti for ti in run.get_task_instances() if ti.task_id == "check_warm")
     assert check.xcom_pull(task_ids="check_warm")["singapore"] >= 1

@@ -84,11 +84,12 @@ def test_another_architecture_under_the_same_name_is_refused_before_anything_is_
 
 def test_a_retrain_across_architectures_is_refused_naming_the_version(registered):
     narrow = JobSpec(**{**SMALL, "program_args": {"lr": 0.05, "width": 16}}, program=FACTORED)
-    weights, lineage = starting_point(narrow, log=lambda m: None)  # the champion of the program's own name
+    start, lineage = starting_point(narrow, log=lambda m: None)  # the champion of the program's own name
     assert lineage["crosscloud.parent_model"].startswith(f"{registered[FACTORED]['name']}/")
+    assert start.parameters == 256 * 32 + 32 * 256 + 256  # read from the streamed file's header
     with pytest.raises(ArchitectureMismatch, match=rf"cannot continue registered {lineage['crosscloud.parent_model']}: "
                        r"its model is another architecture \(16,640 parameters.*retraining across architectures"):
-        run_job(narrow, "names-retrain", experiment=EXPERIMENT, compare_baseline=False, init=weights, tags=lineage,
+        run_job(narrow, "names-retrain", experiment=EXPERIMENT, compare_baseline=False, init=start, tags=lineage,
                 log=lambda m: None)
     assert Ledger().queue.get(TENANT, "names-retrain") is None
 
@@ -105,3 +106,23 @@ def test_serving_a_version_of_another_architecture_than_the_champion_is_refused(
     assert resolve(client, name, "champion").version == int(champion.version)
     with pytest.raises(ServingPlacementError, match=rf"serving {name} @candidate \(version {other.version}\) is refused"):
         resolve(client, name, "candidate")
+
+
+def test_a_run_measures_its_program_and_the_next_run_is_sized_by_that(registered, capsys):
+    from crosscloud.pipeline.stages import admit_stage, release_stage
+
+    lines: list[str] = []
+    ref = admit_stage(JobSpec(**SMALL, program=BIGRAM), "names-bigram-again", log=lines.append, wait=True)
+    try:
+        _, plan = ref.load()
+        figures = Ledger().figures.lookup(TENANT, plan.program.code.sha256, plan.program.architecture)
+        assert set(figures) == {"cpu"} and figures["cpu"].seconds_per_sample > 0 and figures["cpu"].peak_memory_gb > 0
+        assert plan.sizing["measured"] and plan.sizing["seconds_per_sample"]["cpu"] == figures["cpu"].seconds_per_sample
+        assert any("sized by measured by 1 run(s) on cpu" in line for line in lines), lines
+        from crosscloud import cli
+
+        assert cli.main(["inventory", "--tenant", TENANT, "--json"]) == 0
+        shown = [p for p in json.loads(capsys.readouterr().out)["programs"] if p["name"] == BIGRAM]
+        assert shown and shown[0]["accelerator"] == "cpu" and shown[0]["tenant"] == TENANT
+    finally:
+        release_stage(ref)

@@ -69,3 +69,4 @@ def test_registry_holds_versions_with_lineage_and_the_champion_alias(runs):
         assert set(c.split(":")[0] for c in tags["crosscloud.clouds"].split(",")) == {"beijing", "shanghai"}  # team-b's quota
     # a retrain starts from the weights it names: its initial model is the champion's final one
     assert good["crosscloud.init_sha256"] == bad["crosscloud.init_sha256"] != first["crosscloud.init_sha256"]
+    assert bad["crosscloud.init_sha256"] == first["crosscloud.model_sha256"]  # the champion's registered bytes

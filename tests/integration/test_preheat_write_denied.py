@@ -1,9 +1,10 @@
 """A cloud's store denying writes during preheat: the error names the cloud, nothing is published, preheat resumes.
 
 singapore's store is a real S3 server checking IAM policies; the tenant's keys
-there may first only read. Preheat fails on singapore, naming it, and publishes
-no round 0 anywhere (the coordinator's commit comes last); once the keys may
-write, the same preheat completes and sends only what is still missing.
+there may first only read. Preheat fails on singapore, naming it, and nothing
+of the run is there; once the keys may write, the same preheat completes,
+sends only what is still missing, and every cloud holds what its sub-task
+reads (a fresh run's global 0 is built by its home cloud's sub-task).
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from s3servers import S3Server, tenant_policy
 from crosscloud.core.job import JobSpec
 from crosscloud.pipeline.stages import admit_stage, preheat_stage, release_stage
 from crosscloud.store.base import StoreError
-from crosscloud.store.commit import read_commit
+from crosscloud.store.chunks import warmth
 from crosscloud.store.open_store import open_store
 
 pytestmark = [pytest.mark.s3, pytest.mark.faults]
@@ -57,16 +58,14 @@ def test_preheat_names_the_cloud_denying_writes_publishes_nothing_and_resumes(s3
             with pytest.raises(StoreError, match=r"to singapore: cloud singapore: s3://crosscloud/denied/singapore/team-a/.*refused: AccessDenied"):
                 preheat_stage(ref)
             stores = {c.name: open_store(c, "team-a") for c in fed.clouds}
-            round0 = plan.keys.global_step(0)
-            assert all(read_commit(s, round0) is None for s in stores.values())  # nothing published
-            assert not stores["singapore"].exists(f"team-a/artifacts/{plan.init.sha256}.json")
+            assert not stores["singapore"].exists(f"team-a/artifacts/{plan.program.code.sha256}.json")
 
             iam = boto3.client("iam", endpoint_url=policed.endpoint, region_name="us-east-1", **keys["admin"])
             iam.put_user_policy(UserName="team-a", PolicyName="team-a-store",
                                 PolicyDocument=json.dumps(tenant_policy("crosscloud", "denied/singapore", "team-a")))
             report = preheat_stage(ref)  # the same task again, once the store takes writes
             assert report["sent_bytes"]["shanghai"] == 0 and report["sent_bytes"]["singapore"] > 0
-            assert all(read_commit(s, round0) is not None for s in stores.values())
+            assert all(warmth(stores[c.name], "team-a", r).warm for c in plan.clouds for r in plan.needs(c.name))
         finally:
             release_stage(ref)
     finally:

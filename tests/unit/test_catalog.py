@@ -31,7 +31,7 @@ def test_demand_comes_from_runs_and_cold_artifacts_are_evicted(run, tmp_path):
     cold_ref, _ = put_blob(load_catalog(fed, T, ["shanghai"]).stores["shanghai"], T, cold, kind="checkpoint")
     clouds = [c.name for c in plan.clouds]
     cat, result = choose_tenant_warm_sets(fed, T, clouds, 10**9, 7 * 86400, ledger=Ledger(tmp_path / "l.sqlite"))
-    used_there = {p.sha256 for c in plan.clouds if c.name == "shanghai" for p in [plan.init, *(plan.shards[i] for i in c.shards)]}
+    used_there = {p.sha256 for c in plan.clouds if c.name == "shanghai" for p in [plan.program.code, *(plan.shards[i] for i in c.shards)]}
     shanghai = result.clouds["shanghai"]
     assert used_there <= {a for a, _, _ in shanghai.keep}  # what its run read stays warm
     assert [a for a, _ in shanghai.evict] == [cold_ref.sha256]  # nobody needs the checkpoint
@@ -45,13 +45,13 @@ def test_demand_comes_from_runs_and_cold_artifacts_are_evicted(run, tmp_path):
 def test_a_pinned_artifact_is_fetched_and_kept_whatever_its_demand(run, tmp_path):
     fed, plan = run
     ledger = Ledger(tmp_path / "l.sqlite")
-    cat, result = choose_tenant_warm_sets(fed, T, ["beijing", "singapore"], 10**9, 7 * 86400, pin=[plan.init.sha256],
+    cat, result = choose_tenant_warm_sets(fed, T, ["beijing", "singapore"], 10**9, 7 * 86400, pin=[plan.program.code.sha256],
                                     pin_s=3600, ledger=ledger)
     singapore = result.clouds["singapore"]
-    assert plan.init.sha256 in singapore.pinned and plan.init.sha256 in [a for a, _, _ in singapore.fetch]
+    assert plan.program.code.sha256 in singapore.pinned and plan.program.code.sha256 in [a for a, _, _ in singapore.fetch]
     done = apply(fed, cat, singapore)
     assert done["total_sent_bytes"] > 0 and set(done["read_from"]) == {"beijing"}
-    assert load_catalog(fed, T, ["singapore"]).warmth(plan.init.sha256, "singapore", verify=True).warm
+    assert load_catalog(fed, T, ["singapore"]).warmth(plan.program.code.sha256, "singapore", verify=True).warm
     again = apply(fed, load_catalog(fed, T, ["beijing", "singapore"]), singapore)
     assert again["total_sent_bytes"] == 0  # never sent twice
 
@@ -61,7 +61,7 @@ def test_pins_over_budget_and_unknown_artifacts_are_refused(run, tmp_path):
     with pytest.raises(ValueError, match="not in tenant team-b's catalog"):
         choose_tenant_warm_sets(fed, T, ["beijing"], 10**9, 86400, pin=["0" * 64], pin_s=60, ledger=Ledger(tmp_path / "a"))
     with pytest.raises(ValueError, match="beijing"):
-        choose_tenant_warm_sets(fed, T, ["beijing"], 10, 86400, pin=[plan.init.sha256], pin_s=60, ledger=Ledger(tmp_path / "b"))
+        choose_tenant_warm_sets(fed, T, ["beijing"], 10, 86400, pin=[plan.program.code.sha256], pin_s=60, ledger=Ledger(tmp_path / "b"))
 
 
 def test_warm_command_shows_each_artifact_on_each_cloud(run, capsys):
@@ -70,10 +70,10 @@ def test_warm_command_shows_each_artifact_on_each_cloud(run, capsys):
     _, plan = run
     assert cli.main(["warm", "--tenant", T, "--json", "--verify"]) == 0
     rows = {r["artifact"]: r for r in json.loads(capsys.readouterr().out)}
-    assert rows[plan.init.sha256]["clouds"]["beijing"] == "warm"
+    assert rows[plan.program.code.sha256]["clouds"]["beijing"] == "warm"
     shard_of_beijing = plan.shards[plan.cloud("beijing").shards[0]].sha256
     assert rows[shard_of_beijing]["clouds"]["beijing"] == "warm"
-    assert rows[plan.init.sha256]["kind"] == "model"
+    assert rows[plan.program.code.sha256]["kind"] == "program"
 
 
 def test_transfers_are_capped_only_while_runs_train_on_the_cloud(tmp_path):

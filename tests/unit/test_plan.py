@@ -31,7 +31,7 @@ def _written_now(spec: JobSpec) -> dict:
     """plan.json as admit_stage writes it now: held-out files as a list, the program, the files' names and the
     federation's digest (empty for a plan written before it was kept)."""
     return {**_written_before(spec), "held_out": [BLOB], "program": None, "shard_names": [], "held_out_names": [],
-            "federation_sha256": ""}
+            "federation_sha256": "", "sizing": {}}
 
 
 def test_a_plan_written_before_loads_typed_and_saves_in_the_current_shape(tmp_path):

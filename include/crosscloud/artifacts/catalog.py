@@ -70,7 +70,7 @@ def uses_of(fed: Federation, run: Plan, at: float) -> list[Use]:
     """Where a run reads what: each cloud its shards and the initial model; the evaluation data and model
     at home; the whole dataset at its home, where every later preheat copies it from."""
     return [Use(c.name, tuple(r.sha256 for r in run.needs(c.name)), at) for c in run.clouds] + [
-        Use(fed.local_cloud.name, (*(h.sha256 for h in run.held_out), run.init.sha256), at),
+        Use(fed.local_cloud.name, (*(h.sha256 for h in run.held_out), *([run.init.sha256] if run.init else [])), at),
         Use(fed.dataset(run.dataset).home, tuple(s.sha256 for s in run.shards), at),
     ]
 

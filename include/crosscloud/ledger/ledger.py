@@ -29,6 +29,7 @@ from sqlalchemy.engine import URL, Connection
 from crosscloud.ledger import engine as backend
 from crosscloud.ledger import migrate
 from crosscloud.ledger import queue as queue_rows
+from crosscloud.ledger.figures import FigureStore
 from crosscloud.ledger.leases import default_holder, lapse_reason, lease_seconds
 from crosscloud.ledger.records import STATES, Event, Membership, Reservation, ReservationError, Usage
 from crosscloud.ledger.schema import clouds, events, pins, queue_entries, reservations
@@ -75,6 +76,7 @@ class Ledger:
         migrate.upgrade(self.engine)
 
         self.queue = queue_rows.QueueStore(self.engine)
+        self.figures = FigureStore(self.engine)
 
     def __repr__(self) -> str:
         return f"Ledger({self.url.render_as_string(hide_password=True)!r})"

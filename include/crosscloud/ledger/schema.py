@@ -98,3 +98,20 @@ scheduler_state = sa.Table(
     sa.Column("passed_version", sa.Integer, nullable=False, server_default="-1"),
     sa.Column("passed_at", EPOCH),
 )
+
+# revision 0004: what each program costs per accelerator type, as its last run measured it
+program_figures = sa.Table(
+    "program_figures", metadata,
+    sa.Column("tenant", sa.Text, primary_key=True),
+    sa.Column("program", sa.Text, primary_key=True),  # the program's code sha256
+    sa.Column("architecture", sa.Text, primary_key=True),  # crosscloud.store.header.fingerprint of its model
+    sa.Column("accelerator", sa.Text, primary_key=True),
+    sa.Column("name", sa.Text, nullable=False, server_default=""),  # the program as its runs named it
+    sa.Column("parameters", sa.BigInteger, nullable=False, server_default="0"),
+    sa.Column("seconds_per_sample", EPOCH, nullable=False),  # device-seconds per sample on a device of speed 1
+    sa.Column("peak_memory_gb", EPOCH, nullable=False, server_default="0"),  # one rank's peak, at ``batch``
+    sa.Column("batch", sa.Integer, nullable=False, server_default="0"),  # one rank's samples per step then
+    sa.Column("runs", sa.Integer, nullable=False, server_default="1"),
+    sa.Column("measured_at", EPOCH, nullable=False),
+    sa.Column("run_id", sa.Text, nullable=False, server_default=""),
+)

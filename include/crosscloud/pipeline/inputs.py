@@ -1,7 +1,8 @@
 """What a run reads, put where its clouds can fetch it: the program, the dataset, the initial model.
 
-Everything is a content-addressed blob: the program's code and the initial
-model on the local cloud, the training shards on the dataset's home cloud (within
+Everything is a content-addressed blob: the program's code and the weights a
+retrain starts from on the local cloud (a fresh run's global 0 is built by its
+home cloud), the training shards on the dataset's home cloud (within
 its residency), the held-out files on the local cloud where evaluation runs.
 Preheat then copies to each cloud only the bytes it lacks.
 """
@@ -13,6 +14,7 @@ import sys
 import tempfile
 from collections.abc import Callable, Iterable
 from functools import partial
+from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from types import ModuleType
 from typing import NamedTuple
@@ -22,14 +24,12 @@ from crosscloud.core.job import DEFAULT_DATASET, JobSpec
 from crosscloud.run.plan import ProgramRef
 from crosscloud.store.base import ObjectStore
 from crosscloud.store.chunks import BlobRef, ChunkIndex, put_blob, put_blob_stream
-from crosscloud.store.header import architecture, parameters
+from crosscloud.store.header import Layout, count, fingerprint
 from crosscloud.store.open_store import open_store
-from crosscloud.store.tensors import from_bytes, to_bytes
 from crosscloud.training.corpus import build_corpus
 from crosscloud.training.program import (ProgramError, load_program, program_family, program_model_name,
                                          program_source)
-from crosscloud.training.session import load_params
-from crosscloud.training.session import parameters as model_parameters
+from crosscloud.training.layout import model_layout
 
 
 class RunInputs(NamedTuple):
@@ -37,7 +37,7 @@ class RunInputs(NamedTuple):
 
     shards: list[BlobRef]
     held_out: list[BlobRef]
-    init: BlobRef
+    init: BlobRef | None  # None: global 0 is built by the home cloud's sub-task
     program: ProgramRef
     shard_names: list[str]
     held_out_names: list[str]
@@ -51,6 +51,16 @@ class LoadedProgram(NamedTuple):
     family: str
     dataset: str  # the dataset it reads unless the job names one (its DATASET)
     model_name: str  # what its models are registered as, under the tenant
+    tensors: Layout | None  # its model, described on the meta device; None: only its cloud can build it
+    declared: dict | None  # what it says its model costs: figures(args), or FIGURES
+
+    @property
+    def architecture(self) -> str:
+        return fingerprint(self.tensors) if self.tensors is not None else ""
+
+    @property
+    def parameters(self) -> int:
+        return count(self.tensors) if self.tensors is not None else 0
 
 
 class ArchitectureMismatch(ProgramError):
@@ -61,10 +71,12 @@ def load_job_program(spec: JobSpec) -> LoadedProgram:
     """The job's program, imported here to check it and to read its family before anything is admitted."""
     path = program_source(spec.program)
     module = load_program(path, spec.program)
-    family = program_family(module, spec.program)
+    family, args = program_family(module, spec.program), spec.program_run_args()
+    declared = module.figures(args) if callable(getattr(module, "figures", None)) else getattr(module, "FIGURES", None)
     return LoadedProgram(module, spec.program, path.name, path.read_bytes(), family,
                          getattr(module, "DATASET", DEFAULT_DATASET),
-                         program_model_name(module, path, family, spec.program_run_args(), spec.program))
+                         program_model_name(module, path, family, args, spec.program), model_layout(module, args),
+                         declared)
 
 
 def _prepared(fed: Federation, tenant: str, ds: Dataset) -> None:
@@ -107,21 +119,33 @@ def dataset_files(fed: Federation, spec: JobSpec) -> tuple[list[DataFile], list[
     return _files(home, spec.tenant, ds.prefix, "training", ds), _files(home, spec.tenant, ds.eval_prefix, "held-out", ds)
 
 
-def _check_continues(program: LoadedProgram, weights: bytes, init: bytes, init_from: str) -> None:
-    """Refuse, before anything trains, weights whose architecture the program's model is not."""
-    if architecture(init) != architecture(weights):
+@dataclass(frozen=True)
+class StartFrom:
+    """Weights a run starts from instead of the program's seed (a retrain: the registered version), already a blob
+    in the local cloud's store, with its architecture read from its header."""
+
+    ref: BlobRef
+    architecture: str
+    parameters: int
+    label: str  # whose weights, for messages: "registered crosscloud-team-a-gru/3"
+
+
+def _check_continues(program: LoadedProgram, init: StartFrom) -> None:
+    """Refuse, before anything is reserved, weights whose architecture the program's model is not."""
+    if program.architecture and init.architecture != program.architecture:
         raise ArchitectureMismatch(
-            f"program {program.ref_name} cannot continue {init_from}: its model is another architecture "
-            f"({parameters(init):,} parameters, architecture {architecture(init)}) than the program builds "
-            f"({parameters(weights):,} parameters, architecture {architecture(weights)}); retraining across "
+            f"program {program.ref_name} cannot continue {init.label}: its model is another architecture "
+            f"({init.parameters:,} parameters, architecture {init.architecture}) than the program builds "
+            f"({program.parameters:,} parameters, architecture {program.architecture}); retraining across "
             "architectures is refused. Give the program its own MODEL_NAME to start a new registered model "
             "(docs/programs.md#names-and-versions)")
 
 
-def materialize_inputs(fed: Federation, spec: JobSpec, program: LoadedProgram, init: bytes | None = None,
-                       init_from: str = "the given weights") -> RunInputs:
-    """Store the run's inputs as blobs; ``init`` (safetensors; ``init_from`` says whose) starts from given
-    weights, checked against the program's model."""
+def materialize_inputs(fed: Federation, spec: JobSpec, program: LoadedProgram,
+                       init: StartFrom | None = None) -> RunInputs:
+    """Store the run's data and program as blobs and describe its model (on the meta device: nothing model-sized
+    is built here). Global 0 is ``init``'s weights, checked against the program's model, or else the model the
+    home cloud's sub-task builds."""
     ds = fed.dataset(spec.dataset)
     train, held = dataset_files(fed, spec)
     data_home = open_store(fed.cloud(ds.home), spec.tenant)
@@ -131,17 +155,13 @@ def materialize_inputs(fed: Federation, spec: JobSpec, program: LoadedProgram, i
     home = open_store(fed.local_cloud, spec.tenant)
     held_refs = [put_blob_stream(home, spec.tenant, f.blocks(), kind="dataset", residency=ds.residency)[0]
                  for f in held]
-    model = program.module.build_model(spec.program_run_args())
-    weights = to_bytes({n: p.detach() for n, p in model_parameters(model).items()})
     if init is not None:
-        _check_continues(program, weights, init, init_from)
-        load_params(model, from_bytes(init))  # raises, naming the tensors, when they do not fit the program's model
-        weights = to_bytes({n: p.detach() for n, p in model_parameters(model).items()})
-    init_ref, _ = put_blob(home, spec.tenant, weights, kind="model")
+        _check_continues(program, init)
     code_ref, _ = put_blob(home, spec.tenant, program.code, kind="program")
     ref = ProgramRef(name=program.ref_name, file=program.file, code=code_ref, family=program.family,
-                     model=program.model_name, architecture=architecture(weights), parameters=parameters(weights))
-    return RunInputs(shard_refs, held_refs, init_ref, ref, [f.name for f in train], [f.name for f in held])
+                     model=program.model_name, architecture=program.architecture, parameters=program.parameters)
+    return RunInputs(shard_refs, held_refs, init.ref if init else None, ref, [f.name for f in train],
+                     [f.name for f in held])
 
 
 def upload_dataset(fed: Federation, tenant: str, name: str, folder: Path) -> dict:

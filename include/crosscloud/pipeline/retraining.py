@@ -15,23 +15,42 @@ when its loss is lower, and weighs nothing in the Airflow task but numbers.
 
 from __future__ import annotations
 
+import tempfile
+from functools import partial
+from pathlib import Path
+
+from crosscloud.core.federation import load_federation
 from crosscloud.core.job import JobSpec
-from crosscloud.pipeline.inputs import load_job_program
+from crosscloud.pipeline.inputs import StartFrom, load_job_program
 from crosscloud.pipeline.stages import Log
+from crosscloud.store import header
+from crosscloud.store.chunks import put_blob_stream
+from crosscloud.store.open_store import open_store
 from crosscloud.tracking import registry
 from crosscloud.tracking.mlflow_runs import Tracker
 
+BLOCK = 8 << 20  # bytes read from the downloaded model file at a time
 
-def starting_point(spec: JobSpec, log: Log = print) -> tuple[bytes | None, dict[str, str]]:
-    """The weights a retrain of ``spec`` continues (None: from the seed) and the lineage tag naming their version:
-    the program's own registered model (``registry.plan_model_name``)."""
+
+def starting_point(spec: JobSpec, log: Log = print) -> tuple[StartFrom | None, dict[str, str]]:
+    """What a retrain of ``spec`` continues (None: the seed) and the lineage tag naming it: the program's own
+    registered model (``registry.plan_model_name``), its champion else its newest version. The weights go from
+    the artifact store to the local cloud's store as a file, streamed: the task never holds them."""
     client = Tracker().client
     name = registry.model_name(spec.tenant, load_job_program(spec).model_name)
     base = registry.champion(client, name) or registry.latest(client, name)
     log(f"retraining {name} from {f'version {base.version}' if base else 'scratch (no registered version yet)'}")
     if base is None:
         return None, {}
-    return registry.weights(client, base), {"crosscloud.parent_model": f"{name}/{base.version}"}
+    label = f"{name}/{base.version}"
+    home = open_store(load_federation().local_cloud, spec.tenant)
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(registry.download(base, tmp))
+        head = header.file_prefix(path)
+        with open(path, "rb") as f:
+            ref, _ = put_blob_stream(home, spec.tenant, iter(partial(f.read, BLOCK), b""), kind="model")
+    start = StartFrom(ref, header.architecture(head), header.parameters(head), f"registered {label}")
+    return start, {"crosscloud.parent_model": label}
 
 
 def retrained(run: dict, summary: dict) -> dict:

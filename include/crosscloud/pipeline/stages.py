@@ -15,7 +15,7 @@ from collections.abc import Callable
 
 
 from crosscloud.artifacts.preheat import TransferReport, fetch_all
-from crosscloud.pipeline.inputs import RunInputs, load_job_program, materialize_inputs
+from crosscloud.pipeline.inputs import LoadedProgram, RunInputs, StartFrom, load_job_program, materialize_inputs
 from crosscloud.backends import Handle, get_backend
 from crosscloud.core.federation import Federation, read_federation
 from crosscloud.core.federation import federation_path as resolve_federation_path
@@ -25,6 +25,7 @@ from crosscloud.core.job import JobSpec
 from crosscloud.core.keys import manifest_key, validate_name
 from crosscloud.core.presets import preset
 from crosscloud.scheduler.admission import Admission, NotAdmitted, admit, admit_waiting, preflight
+from crosscloud.scheduler.sizing import Sizing, measured_figures, resolve_sizing
 from crosscloud.ledger import Ledger
 from crosscloud.pool.partition import partition
 from crosscloud.pool.placement import PlacementError
@@ -33,9 +34,10 @@ from crosscloud.run.history import load_history
 from crosscloud.run.plan import Candidate, Plan
 from crosscloud.store.base import StoreError
 from crosscloud.store.chunks import BlobRef, ChunkIndex, warmth
-from crosscloud.store.commit import iter_object, read_commit, write_step
+from crosscloud.store.commit import copy_object, iter_object, read_commit, write_step
 from crosscloud.store.credentials import require_credentials
 from crosscloud.store.network import nearest_first, store_seen_from
+from crosscloud.store.digest import sha256
 from crosscloud.store.open_store import open_store
 from crosscloud.tracking import plots, registry
 from crosscloud.tracking.mlflow_runs import Tracker
@@ -61,12 +63,12 @@ def _holders(fed: Federation, tenant: str, refs: list[BlobRef]) -> set[str]:
     return holders
 
 
-def _check_runnable(fed: Federation, spec: JobSpec, family: str) -> None:
+def _check_runnable(fed: Federation, spec: JobSpec, family: str, sizing: Sizing) -> None:
     """Fail what can never run before any input is written: held-out residency, placement, credentials."""
     ds = fed.dataset(spec.dataset)
     if ds.residency and fed.local_cloud.jurisdiction != ds.residency:
         raise PlacementError(f"dataset {ds.name} is resident in {ds.residency}; its held-out part cannot be evaluated on {fed.local_cloud.name}")
-    preflight(fed, spec, family)
+    preflight(fed, spec, family, sizing=sizing)
     usable = spec.clouds or [c for c, n in fed.tenant(spec.tenant).quotas.items() if n > 0]
     for name in usable:
         if fed.cloud(name).access.method == "local":
@@ -75,7 +77,15 @@ def _check_runnable(fed: Federation, spec: JobSpec, family: str) -> None:
     require_credentials([fed.cloud(n) for n in sorted({ds.home, fed.local_cloud.name, *usable})], spec.tenant)
 
 
-def _new_plan(fed: Federation, ref: RunRef, spec: JobSpec, admission: Admission, inputs: RunInputs) -> Plan:
+def _sizing(ledger: Ledger, spec: JobSpec, program: LoadedProgram) -> Sizing:
+    """What the run's samples and memory cost, from the best figures known of its program and model."""
+    measured = (ledger.figures.lookup(spec.tenant, sha256(program.code), program.architecture)
+                if program.architecture else {})
+    return resolve_sizing(spec, measured, program.declared, program.parameters)
+
+
+def _new_plan(fed: Federation, ref: RunRef, spec: JobSpec, admission: Admission, inputs: RunInputs,
+              sizing: Sizing) -> Plan:
     """The plan of an admitted run: each cloud's share and shards, the candidates placement weighed, the inputs."""
     cfg = preset(spec.model_size)
     return Plan(
@@ -98,6 +108,8 @@ def _new_plan(fed: Federation, ref: RunRef, spec: JobSpec, admission: Admission,
         program=inputs.program,
         shard_names=inputs.shard_names,
         held_out_names=inputs.held_out_names,
+        sizing={"source": sizing.source, "measured": sizing.measured, "memory_gb": sizing.memory_gb,
+                "seconds_per_sample": sizing.seconds_per_sample, "parameters": sizing.parameters},
         created_at=time.time(),
     )
 
@@ -129,7 +141,7 @@ def admit_stage(
     federation_path: str | None = None,
     experiment: str | None = None,
     tags: dict[str, str] | None = None,
-    init: bytes | None = None,
+    init: StartFrom | None = None,
     wait: bool = False,
     log: Log = print,
     wait_s: float | None = None,
@@ -147,20 +159,23 @@ def admit_stage(
     ref = RunRef(federation_path, spec.tenant, run_id, digest)
     program = load_job_program(spec)
     spec = dataclasses.replace(spec, dataset=spec.dataset or program.dataset)
-    _check_runnable(fed, spec, program.family)
-    parent = (tags or {}).get("crosscloud.parent_model")  # a retrain's: the registered version it continues
-    inputs = materialize_inputs(fed, spec, program, init, f"registered {parent}" if parent else "the given weights")
-    if experiment and spec.mode == "cross_cloud":  # a run that will register: refused now, not after it trained
+    ledger = Ledger()
+    sizing = _sizing(ledger, spec, program)
+    log(f"run {run_id}: sized by {sizing.source}")
+    _check_runnable(fed, spec, program.family, sizing)
+    inputs = materialize_inputs(fed, spec, program, init)
+    if experiment and spec.mode == "cross_cloud" and inputs.program.architecture:  # it will register: refused now
         registry.check_architecture(Tracker().client, registry.model_name(spec.tenant, program.model_name),
                                     inputs.program.architecture, f"run {run_id}")
-    ledger = Ledger()
     data_bytes, data_at = sum(r.size for r in inputs.shards), _holders(fed, spec.tenant, inputs.shards)
     if wait:
-        admission = admit_waiting(fed, spec, run_id, program.family, data_bytes, data_at, ledger, log, timeout_s=wait_s)
+        admission = admit_waiting(fed, spec, run_id, program.family, data_bytes, data_at, ledger, log, timeout_s=wait_s,
+                                  sizing=sizing)
     else:
-        admission = admit(fed, spec, run_id, program.family, data_bytes, data_at, ledger)
+        admission = admit(fed, spec, run_id, program.family, data_bytes, data_at, ledger, sizing=sizing)
     try:
-        _write_plan(fed, _new_plan(fed, ref, spec, admission, inputs), experiment, tags, _queued(ledger, spec.tenant, run_id))
+        _write_plan(fed, _new_plan(fed, ref, spec, admission, inputs, sizing), experiment, tags,
+                    _queued(ledger, spec.tenant, run_id))
     except BaseException:
         ledger.release(spec.tenant, run_id)  # a run that never got its plan holds no devices
         raise
@@ -193,13 +208,15 @@ def _preheat(fed: Federation, plan: Plan) -> dict:
         sources = [stores.get(n) or open_store(fed.cloud(n), plan.tenant) for n in names]
         fetch_all(stores[cloud.name], sources, plan.tenant, plan.needs(cloud.name), report)
         plan.save(stores[cloud.name])
-    round0 = plan.keys.global_step(0)
-    init_entry = {"artifact": manifest_key(plan.tenant, plan.init.sha256), "size": plan.init.size, "sha256": plan.init.sha256}
-    meta = {"round": -1, "published_at": time.time()}
-    # the home cloud's store last: its commit marks global 0 published
-    for store in [s for name, s in stores.items() if name != fed.local_cloud.name] + [home]:
-        if read_commit(store, round0) is None:
-            write_step(store, round0, {}, refs={"params.safetensors": init_entry}, meta=meta)
+    if plan.init is not None:  # given weights are global 0 (without them the builder cloud's sub-task builds it)
+        round0 = plan.keys.global_step(0)
+        init_entry = {"artifact": manifest_key(plan.tenant, plan.init.sha256), "size": plan.init.size,
+                      "sha256": plan.init.sha256}
+        meta = {"round": -1, "published_at": time.time()}
+        # the home cloud's store last: its commit marks global 0 published
+        for store in [s for name, s in stores.items() if name != fed.local_cloud.name] + [home]:
+            if read_commit(store, round0) is None:
+                write_step(store, round0, {}, refs={PARAMS: init_entry}, meta=meta)
     result = report.to_dict()
     home.put(f"{plan.keys.root}/preheat.json", json.dumps(result, indent=2).encode())
     return result
@@ -313,35 +330,11 @@ def _final_model(ref: RunRef, plan: Plan, home, handles: list[Handle]) -> tuple[
             continue
         entry = commit["objects"][PARAMS]
         if store is not home:
-            key = f"{plan.keys.final}/model.safetensors"
-            home.put_stream(key, _Chunks(store.iter_chunks(entry["key"])))
-            entry = {**entry, "key": key}
+            entry = copy_object(store, entry, home, f"{plan.keys.final}/model.safetensors")
         write_step(home, plan.keys.final, {}, refs={"model.safetensors": entry},
                    meta={"rounds": spec.rounds, "digest": commit["meta"].get("digest"), "from": cloud})
         return history, entry
     raise RuntimeError(f"run {plan.run_id}: no cloud holds global {spec.rounds}, the final model")
-
-
-class _Chunks:
-    """An iterator of byte chunks read as a stream (for put_stream)."""
-
-    def __init__(self, chunks):
-        self.chunks, self.buffer = iter(chunks), b""
-
-    def readable(self) -> bool:
-        return True
-
-    def seekable(self) -> bool:
-        return False
-
-    def read(self, n: int = -1) -> bytes:
-        while n < 0 or len(self.buffer) < n:
-            chunk = next(self.chunks, None)
-            if chunk is None:
-                break
-            self.buffer += chunk
-        out, self.buffer = (self.buffer, b"") if n < 0 else (self.buffer[:n], self.buffer[n:])
-        return out
 
 
 def _eval_losses(plan: Plan, home, log: Log) -> tuple[float, float]:
@@ -387,6 +380,17 @@ def _run_summary(plan: Plan, history: list[dict], clouds: dict, train_s: float, 
     }
 
 
+def _global0_sha256(fed: Federation, plan: Plan, home) -> str:
+    """The digest of the run's global 0: its given weights, or what its builder cloud committed (global 0 is
+    kept to the end of a run)."""
+    if plan.init is not None:
+        return plan.init.sha256
+    local = fed.local_cloud.name
+    store = home if plan.builder == local else store_seen_from(fed, plan.builder, local, plan.tenant)
+    commit = read_commit(store, plan.keys.global_step(0))
+    return commit["objects"][PARAMS]["sha256"] if commit else ""
+
+
 def _register_model(tracker, plan: Plan, summary: dict, home, entry: dict) -> dict:
     """Log and register the final model in MLflow's registry; returns its name, version and source."""
     return registry.register(tracker.client, plan, summary, iter_object(home, entry))
@@ -417,7 +421,9 @@ def _aggregate(ref: RunRef, fed: Federation, plan: Plan, handles: list[Handle], 
     train_s = sum(r["wall_s"] for r in history)
     clouds = _cloud_summary(fed, plan, history, train_s)
     base = _baseline(plan, experiment, log) if plan.spec.mode == "cross_cloud" and compare_baseline else None
-    summary = _run_summary(plan, history, clouds, train_s, evals, base)
+    for figure in measured_figures(plan, history, plan.program.code.sha256 if plan.program else ""):
+        Ledger().figures.record(figure)  # the next run of this program and model is sized by what this one took
+    summary = {**_run_summary(plan, history, clouds, train_s, evals, base), "init_sha256": _global0_sha256(fed, plan, home)}
     tracker = run_tracker(plan)
     if tracker and plan.spec.mode == "cross_cloud":  # a single-cluster baseline is a measurement, not a model to serve
         summary["model"] = _register_model(tracker, plan, summary, home, final)
@@ -429,7 +435,7 @@ def _aggregate(ref: RunRef, fed: Federation, plan: Plan, handles: list[Handle], 
 
 def run_job(spec: JobSpec, run_id: str, federation_path: str | None = None, experiment: str | None = None,
             log: Log = print, compare_baseline: bool = True, tags: dict[str, str] | None = None,
-            init: bytes | None = None, wait: bool = True, wait_s: float | None = None) -> dict:
+            init: StartFrom | None = None, wait: bool = True, wait_s: float | None = None) -> dict:
     """All stages in this process, through the engine backends: for benchmarks, calibration and retraining.
 
     The run waits in the queue like any other (``wait=False``: it fails at once

@@ -80,10 +80,12 @@ class Plan(_Model):
     dataset: str
     shards: list[BlobRef]
     held_out: list[BlobRef]
-    init: BlobRef
+    init: BlobRef | None = None  # weights the run starts from (a retrain's); None: the builder cloud builds global 0
     program: ProgramRef | None = None
     shard_names: list[str] = Field(default_factory=list)  # the files' names (a files dataset's own); empty: shard-NNN.bin
     held_out_names: list[str] = Field(default_factory=list)
+    # how admission sized the run (crosscloud.scheduler.sizing): source, measured, memory_gb, seconds_per_sample
+    sizing: dict = Field(default_factory=dict)
     tracking: dict = Field(default_factory=dict)
     created_at: float = 0.0  # when the run was admitted: its age in the artifacts' demand
 
@@ -123,9 +125,18 @@ class Plan(_Model):
                 return c
         raise KeyError(f"cloud {name!r} is not in the plan of run {self.run_id}; planned: {[c.name for c in self.clouds]}")
 
+    @property
+    def builder(self) -> str:
+        """The cloud whose sub-task builds global 0 when the run starts from no given weights: the home
+        (coordinator) cloud when it trains, else the first cloud of the plan."""
+        names = [c.name for c in self.clouds]
+        return self.coordinator_cloud if self.coordinator_cloud in names else names[0]
+
     def needs(self, cloud: str) -> list[BlobRef]:
-        """What the sub-task on ``cloud`` reads before its first step: its shards, the initial model and the program."""
-        return [self.shards[i] for i in self.cloud(cloud).shards] + [self.init] + ([self.program.code] if self.program else [])
+        """What the sub-task on ``cloud`` reads before its first step: its shards, the given initial model and the
+        program."""
+        return ([self.shards[i] for i in self.cloud(cloud).shards] + ([self.init] if self.init else [])
+                + ([self.program.code] if self.program else []))
 
     def save(self, store: ObjectStore) -> None:
         store.put(self.keys.plan, self.model_dump_json(indent=2).encode())

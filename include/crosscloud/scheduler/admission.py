@@ -22,14 +22,14 @@ from dataclasses import dataclass, replace
 
 from crosscloud.core.federation import Federation
 from crosscloud.core.job import JobSpec, deadline_at
-from crosscloud.core.presets import PRESETS, SAMPLE_SECONDS
 from crosscloud.ledger import Ledger
 from crosscloud.ledger.leases import default_holder
 from crosscloud.pool.inventory import collect
-from crosscloud.pool.placement import Considered, JobRequest, Part, PlacementError
+from crosscloud.pool.placement import ANY_ACCELERATOR, Considered, JobRequest, Part, PlacementError
 from crosscloud.scheduler.decide import decide
 from crosscloud.scheduler.entry import Entry, Spread
 from crosscloud.scheduler.service import Queue, Status
+from crosscloud.scheduler.sizing import Sizing, preset_sizing
 from crosscloud.store.network import network
 
 
@@ -47,9 +47,10 @@ class Admission:
     considered: list[Considered]
 
 
-def job_request(fed: Federation, spec: JobSpec, family: str, data_bytes: int, data_at: set[str], devices: int) -> JobRequest:
+def job_request(fed: Federation, spec: JobSpec, family: str, data_bytes: int, data_at: set[str], devices: int,
+                sizing: Sizing | None = None) -> JobRequest:
     """The placement view of a training run: size, run-time estimate, data and the tenant's quota."""
-    tenant = fed.tenant(spec.tenant)
+    tenant, sizing = fed.tenant(spec.tenant), sizing or preset_sizing(spec)
     ds = fed.dataset(spec.dataset_name)
     single = spec.mode == "single_cluster"
     return JobRequest(
@@ -57,31 +58,26 @@ def job_request(fed: Federation, spec: JobSpec, family: str, data_bytes: int, da
         tenant=spec.tenant,
         family=family,
         devices=devices,
-        runtime_s={"*": runtime_estimate(spec) / devices},
+        runtime_s={a: s / devices for a, s in sizing.runtime_s(spec).items()},
         data_bytes=data_bytes,
         data_at=frozenset(data_at),
         residency=ds.residency,
         quota=dict(tenant.quotas),
         clouds=frozenset(spec.clouds) if spec.clouds else (frozenset({fed.local_cloud.name}) if single else None),
         splittable=spec.mode == "cross_cloud",
-        memory_gb=PRESETS[spec.model_size].min_train_memory_gb(),
+        memory_gb=sizing.memory_gb,
     )
 
 
-def runtime_estimate(spec: JobSpec) -> float:
-    """Device-seconds the whole run needs: its samples at the model's seconds per sample."""
-    return spec.rounds * spec.inner_steps * spec.global_batch * SAMPLE_SECONDS[spec.model_size]
-
-
 def entry_for(fed: Federation, spec: JobSpec, run_id: str, family: str, data_bytes: int, data_at: set[str],
-              now: float) -> Entry:
-    """The run as the queue holds it, resolved once from the federation."""
+              now: float, sizing: Sizing | None = None) -> Entry:
+    """The run as the queue holds it, resolved once from the federation and its sizing."""
     single = spec.mode == "single_cluster"
     spread = None if spec.placement == "auto" and not single else Spread(spec.devices_per_cloud, bool(spec.clouds) or single)
     devices = spec.devices_per_cloud if spread is not None else spec.devices
-    request = job_request(fed, spec, family, data_bytes, data_at, devices)
+    request = job_request(fed, spec, family, data_bytes, data_at, devices, sizing)
     return Entry(spec.tenant, run_id, request, now, spec.priority, deadline_at(spec.deadline, now), spec.deferrable,
-                 spec.objective, spread, runtime_estimate(spec) / devices)
+                 spec.objective, spread, request.runtime_s[ANY_ACCELERATOR])
 
 
 def _check_request(fed: Federation, spec: JobSpec) -> None:
@@ -91,14 +87,15 @@ def _check_request(fed: Federation, spec: JobSpec) -> None:
         raise PlacementError(f"job parameter clouds: single_cluster mode runs on one cloud, got {spec.clouds}")
 
 
-def preflight(fed: Federation, spec: JobSpec, family: str, ledger: Ledger | None = None) -> None:
+def preflight(fed: Federation, spec: JobSpec, family: str, ledger: Ledger | None = None,
+              sizing: Sizing | None = None) -> None:
     """Refuse a job no cloud could ever take before anything of it is written; having to wait is no refusal.
 
     The same decision as a pass makes, over every pool as if no run held a device.
     """
     _check_request(fed, spec)
     sites = [replace(s, free=s.total) for s in collect(fed, ledger, spec.tenant, electricity=False, clusters=False).sites(family)]
-    decision = decide(entry_for(fed, spec, "preflight", family, 0, set(), 0.0), sites, network(fed))
+    decision = decide(entry_for(fed, spec, "preflight", family, 0, set(), 0.0, sizing), sites, network(fed))
     if decision.kind == "never":
         raise PlacementError(decision.reason)
 
@@ -113,7 +110,8 @@ def _admitted(ledger: Ledger, tenant: str, run_id: str, why: str) -> Admission |
 
 
 def admit(fed: Federation, spec: JobSpec, run_id: str, family: str, data_bytes: int, data_at: set[str],
-          ledger: Ledger | None = None, holder: str = "", queue: Queue | None = None) -> Admission:
+          ledger: Ledger | None = None, holder: str = "", queue: Queue | None = None,
+          sizing: Sizing | None = None) -> Admission:
     """Enter the run in the queue (or find it there), run a pass if one is due, and return what it holds.
 
     Raises ``NotAdmitted`` while it waits and ``PlacementError`` when no cloud could ever take it.
@@ -125,7 +123,8 @@ def admit(fed: Federation, spec: JobSpec, run_id: str, family: str, data_bytes: 
         return again
     queue = queue or Queue(fed, ledger)
     submitted = queue.clock()
-    queue.submit(entry_for(fed, spec, run_id, family, data_bytes, data_at, submitted), holder or default_holder())
+    queue.submit(entry_for(fed, spec, run_id, family, data_bytes, data_at, submitted, sizing),
+                 holder or default_holder())
     queue.run_pass(decided_since=(spec.tenant, run_id, submitted))
     status = queue.status(spec.tenant, run_id)
     decision = status.decision
@@ -143,7 +142,7 @@ def admit(fed: Federation, spec: JobSpec, run_id: str, family: str, data_bytes: 
 
 def admit_waiting(fed: Federation, spec: JobSpec, run_id: str, family: str, data_bytes: int, data_at: set[str],
                   ledger: Ledger | None = None, log: Callable[[str], None] = print, poll_s: float = 5.0,
-                  timeout_s: float | None = None) -> Admission:
+                  timeout_s: float | None = None, sizing: Sizing | None = None) -> Admission:
     """``admit``, waiting in the queue until the run starts; the log says each new position and reason.
 
     However the wait ends without a start - Ctrl-C, SIGTERM, ``timeout_s`` -
@@ -154,7 +153,7 @@ def admit_waiting(fed: Federation, spec: JobSpec, run_id: str, family: str, data
     try:
         while True:
             try:
-                return admit(fed, spec, run_id, family, data_bytes, data_at, ledger, queue=queue)
+                return admit(fed, spec, run_id, family, data_bytes, data_at, ledger, queue=queue, sizing=sizing)
             except NotAdmitted as waiting:
                 if str(waiting) != said:
                     said = str(waiting)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 
 from crosscloud.store.base import ObjectNotFound, ObjectStore
 from crosscloud.store.chunks import BlobRef, iter_blob, read_blob
@@ -89,6 +89,34 @@ def read_object(store: ObjectStore, commit: dict, name: str, reads: int = READS)
         except IntegrityError as exc:
             if attempt == reads - 1:
                 raise IntegrityError(f"{exc} (read {reads} times)") from None
+
+
+class ChunkReader:
+    """An iterator of byte chunks read as a file (for ``put_stream``): a copy between stores in bounded memory."""
+
+    def __init__(self, chunks: Iterable[bytes]):
+        self.chunks, self.buffer = iter(chunks), b""
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return False
+
+    def read(self, n: int = -1) -> bytes:
+        while n < 0 or len(self.buffer) < n:
+            chunk = next(self.chunks, None)
+            if chunk is None:
+                break
+            self.buffer += chunk
+        out, self.buffer = (self.buffer, b"") if n < 0 else (self.buffer[:n], self.buffer[n:])
+        return out
+
+
+def copy_object(source: ObjectStore, entry: dict, target: ObjectStore, key: str) -> dict:
+    """Stream a committed object (checked on the way) from one store to another under ``key``; its new entry."""
+    target.put_stream(key, ChunkReader(iter_object(source, entry)))
+    return {"key": key, "size": entry["size"], "sha256": entry["sha256"]}
 
 
 def iter_object(store: ObjectStore, entry: dict) -> Iterator[bytes]:

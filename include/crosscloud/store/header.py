@@ -29,6 +29,13 @@ def header_size(prefix: bytes) -> int:
     return 8 + n
 
 
+def file_prefix(path) -> bytes:
+    """The first bytes of a safetensors file on disk that hold its header: all ``architecture`` needs."""
+    with open(path, "rb") as f:
+        head = f.read(8)
+        return head + f.read(header_size(head) - 8)
+
+
 def read_header(prefix: bytes) -> dict[str, dict]:
     """Each tensor's ``dtype`` and ``shape`` from the first ``header_size`` bytes (or more) of a safetensors file."""
     end = header_size(prefix)
@@ -41,20 +48,37 @@ def read_header(prefix: bytes) -> dict[str, dict]:
     return {k: v for k, v in header.items() if k != "__metadata__"}
 
 
+Layout = list[tuple[str, str, list[int]]]  # (tensor name, safetensors dtype, shape) of every tensor
+
+
+def layout(prefix: bytes) -> Layout:
+    """The tensors a safetensors file holds, from its header."""
+    return [(name, t["dtype"], list(t["shape"])) for name, t in read_header(prefix).items()]
+
+
+def fingerprint(tensors: Layout) -> str:
+    """An architecture as 16 hex digits: the same for any two models with the same tensor names, shapes and
+    dtypes, whatever their values (a file's header, or a model built on the meta device)."""
+    ordered = sorted((name, dtype, [int(d) for d in shape]) for name, dtype, shape in tensors)
+    return hashlib.sha256(json.dumps(ordered).encode()).hexdigest()[:16]
+
+
+def count(tensors: Layout) -> int:
+    """How many numbers the tensors hold."""
+    total = 0
+    for _, _, shape in tensors:
+        n = 1
+        for d in shape:
+            n *= int(d)
+        total += n
+    return total
+
+
 def architecture(prefix: bytes) -> str:
-    """The model's architecture as 16 hex digits: the same for any two files with the same tensor names, shapes
-    and dtypes, whatever their values."""
-    header = read_header(prefix)
-    layout = sorted((name, t["dtype"], list(t["shape"])) for name, t in header.items())
-    return hashlib.sha256(json.dumps(layout).encode()).hexdigest()[:16]
+    """The architecture of the model in a safetensors file (``fingerprint``), from its first bytes."""
+    return fingerprint(layout(prefix))
 
 
 def parameters(prefix: bytes) -> int:
     """How many numbers the file's tensors hold."""
-    count = 0
-    for t in read_header(prefix).values():
-        n = 1
-        for d in t["shape"]:
-            n *= d
-        count += n
-    return count
+    return count(layout(prefix))

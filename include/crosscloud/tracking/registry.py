@@ -23,6 +23,7 @@ import tempfile
 from collections.abc import Iterable
 from pathlib import Path
 
+from crosscloud.store import header
 from crosscloud.store.digest import sha256
 
 CHAMPION = "champion"
@@ -75,14 +76,12 @@ def lineage(plan, summary: dict, run_tags: dict[str, str]) -> dict[str, str]:
         "crosscloud.dataset": plan.dataset,
         "crosscloud.data_sha256": ",".join(s.sha256 for s in plan.shards),
         "crosscloud.held_out_sha256": ",".join(h.sha256 for h in plan.held_out),
-        "crosscloud.init_sha256": plan.init.sha256,
+        "crosscloud.init_sha256": summary.get("init_sha256") or (plan.init.sha256 if plan.init else ""),
         "crosscloud.final_eval_loss": f"{summary['metrics']['final_eval_loss']:.6f}",
         "crosscloud.program_args": json.dumps(plan.spec.program_run_args(), sort_keys=True),
     }
     if plan.program is not None:
         tags.update({"crosscloud.program": plan.program.name, "crosscloud.program_sha256": plan.program.code.sha256})
-        if plan.program.architecture:
-            tags.update({ARCHITECTURE: plan.program.architecture, PARAMETERS: str(plan.program.parameters)})
     # the DAG and DAG run that trained it, and the version it was retrained from, as the run was tagged
     tags.update({k: v for k, v in run_tags.items() if k.startswith("airflow.") or k == "crosscloud.parent_model"})
     return tags
@@ -90,21 +89,16 @@ def lineage(plan, summary: dict, run_tags: dict[str, str]) -> dict[str, str]:
 
 def register(client, plan, summary: dict, weights: Iterable[bytes]) -> dict:
     """Log the final weights (a stream of chunks, written to a file as they come: never whole in memory) and the
-    plan to the run's parent and register them; returns name, version and source."""
+    plan to the run's parent and register them; returns name, version and source. A model of another
+    architecture than the name's champion is refused before anything is logged."""
     from mlflow.exceptions import MlflowException
 
-    name = plan_model_name(plan)
-    if plan.program is not None and plan.program.architecture:
-        check_architecture(client, name, plan.program.architecture, f"registering run {plan.run_id}")
-    parent = plan.tracking["parent_run_id"]
+    name, parent = plan_model_name(plan), plan.tracking["parent_run_id"]
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(tmp) / "model"
         folder.mkdir()
-        digest = hashlib.sha256()
-        with open(folder / MODEL_FILE, "wb") as f:
-            for chunk in weights:
-                f.write(chunk)
-                digest.update(chunk)
+        digest, arch = _write(folder / MODEL_FILE, weights)
+        check_architecture(client, name, arch[0], f"registering run {plan.run_id}")
         (folder / "plan.json").write_text(plan.model_dump_json(indent=2))
         client.log_artifacts(parent, str(folder), "model")
     try:
@@ -114,9 +108,22 @@ def register(client, plan, summary: dict, weights: Iterable[bytes]) -> dict:
             raise
     run = client.get_run(parent)
     source = f"{run.info.artifact_uri}/model"
-    tags = {**lineage(plan, summary, run.data.tags), "crosscloud.model_sha256": digest.hexdigest()}
+    tags = {**lineage(plan, summary, run.data.tags), "crosscloud.model_sha256": digest,
+            ARCHITECTURE: arch[0], PARAMETERS: str(arch[1])}
     version = client.create_model_version(name, source, run_id=parent, tags=tags)
     return {"name": name, "version": int(version.version), "source": source}
+
+
+def _write(path: Path, chunks: Iterable[bytes]) -> tuple[str, tuple[str, int]]:
+    """Write the chunks to ``path``; their sha256, and the architecture and parameter count of the safetensors
+    file they make (read back from its header alone)."""
+    digest = hashlib.sha256()
+    with open(path, "wb") as f:
+        for chunk in chunks:
+            f.write(chunk)
+            digest.update(chunk)
+    head = header.file_prefix(path)
+    return digest.hexdigest(), (header.architecture(head), header.parameters(head))
 
 
 def latest(client, name: str):
@@ -139,10 +146,14 @@ def promote(client, name: str, version: int) -> None:
     client.set_registered_model_alias(name, CHAMPION, str(version))
 
 
-def weights(client, version) -> bytes:
-    """The safetensors bytes of a registered version."""
+def download(version, folder: str) -> str:
+    """The path of a registered version's safetensors file, downloaded into ``folder`` (streamed to disk)."""
     from mlflow.artifacts import download_artifacts
 
+    return download_artifacts(artifact_uri=f"{version.source}/{MODEL_FILE}", dst_path=folder)
+
+
+def weights(client, version) -> bytes:
+    """The safetensors bytes of a registered version (serving's small models; a trainer streams ``download``)."""
     with tempfile.TemporaryDirectory() as tmp:
-        path = download_artifacts(artifact_uri=f"{version.source}/{MODEL_FILE}", dst_path=tmp)
-        return Path(path).read_bytes()
+        return Path(download(version, tmp)).read_bytes()

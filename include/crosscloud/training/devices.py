@@ -39,3 +39,15 @@ def select_device(accelerator: str, local_rank: int, log: Callable[[str], None] 
         log(f"pool accelerator {accelerator}: no {'CUDA' if kind in CUDA_LIKE else kind} runtime on this host; "
             "training on the CPU")
     return "cpu", "gloo"
+
+
+def peak_memory_gb(device: torch.device) -> float:
+    """The most memory this process has held on ``device``: the accelerator's allocator peak, or on the CPU the
+    process's peak resident set (interpreter and framework included)."""
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device) / 1e9
+    if device.type == "npu" and hasattr(torch, "npu"):
+        return torch.npu.max_memory_allocated(device) / 1e9
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1e6  # KiB on Linux

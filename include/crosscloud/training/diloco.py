@@ -31,9 +31,11 @@ from crosscloud.store.network import store_seen_from
 from crosscloud.store.tensors import to_bytes
 from crosscloud.training.checkpoint import global_params
 from crosscloud.training.compression import ErrorFeedback
+from crosscloud.training.devices import peak_memory_gb
 from crosscloud.training.exchange.cloud import CloudExchange, RoundResult, spool_folder, write_evaluation
 from crosscloud.training.exchange.members import read_watch
 from crosscloud.training.exchange.tensorfile import TensorFile
+from crosscloud.training.global0 import publish_global0
 from crosscloud.training.program import ProgramError, load_program, local_file
 from crosscloud.training.resume import CloudState, save_state
 from crosscloud.training.rounds import DelayedGlobal, RoundWork, round_line, throttle, wait_for_commit
@@ -126,8 +128,11 @@ class DiLoCo:
 
     # -- rounds ----------------------------------------------------------------------
     def _start(self) -> None:
-        """Wait for global 0 and load it: every cloud starts from the same model (the home cloud evaluates it)."""
+        """Wait for global 0 (built by the builder cloud when the run has no given weights) and load it: every
+        cloud starts from the same model (the home cloud evaluates it)."""
         t0 = time.perf_counter()
+        if self.plan.init is None and self.exchange is not None:  # no given weights: the builder cloud builds them
+            publish_global0(self.run, self.model, self.exchange.stores[self.plan.builder])
         commit = wait_for_commit(self.run.store, self.keys.global_step(0), self.keys.stop, self.spec.round_timeout_s)
         params = global_params(self.run.store, commit)
         load_params(self.model, params)
@@ -219,6 +224,7 @@ class DiLoCo:
                 "round": r, "cloud": self.run.cloud, "samples": self.share * self.spec.inner_steps,
                 "losses": losses, "step_s": work.step_s, "compute_s": work.compute_s, "folded_at_step": work.folded_at,
                 "cap": self.cap["cap"], "started_at": work.started_at, "exchange": self._made(), **self.ready,
+                "peak_memory_gb": peak_memory_gb(self.run.device), "batch": self.run.batch_size,
                 "upload_s": time.perf_counter() - t + work.state_s})  # the round's writes: its state and its delta
         self.inflight = _beside(self._exchange, r, self.known.params)
         line = (f"round {r}: trained before the restart, committed" if restored and self.share > 0 else
