@@ -98,6 +98,8 @@ JOB = JobSpec()  # the Params' defaults are the engine's, so the DAG runs what b
         "overlap": Param(JOB.overlap, type="boolean", description="Exchange round r while round r + 1 computes."),
         "eval_every_steps": Param(JOB.eval_every_steps, type="integer", minimum=1,
                                   description="Evaluate the global on held-out bytes every this many steps, and after the last round."),
+        "eval_timeout_s": Param(JOB.eval_timeout_s, type="number", exclusiveMinimum=0,
+                                description="An evaluation past this many seconds is recorded as failed; training goes on."),
         "fold_mix": Param(JOB.fold_mix, type="number", minimum=0, exclusiveMaximum=1,
                           description="Overlap: the share of its own drift a cloud keeps when the late global is folded in."),
         "compression": Param(JOB.compression, enum=["int8", "none"], description="How pseudo-gradients travel."),

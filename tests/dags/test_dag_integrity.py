@@ -86,3 +86,20 @@ def test_parsing_touches_no_network_and_imports_nothing_heavy(dag_file, airflow_
     assert result["errors"] == {}
     assert result["dags"], f"{dag_file.name} defines no DAG"
     assert result["heavy"] == [], f"{dag_file.name} imports {result['heavy']} at parse time"
+
+
+TASKS = """
+import sys
+import crosscloud.pipeline.stages, crosscloud.pipeline.retraining, crosscloud_airflow.operators, crosscloud_airflow.training
+from crosscloud.core.job import JobSpec
+from crosscloud.pipeline.inputs import load_job_program
+assert load_job_program(JobSpec(program="examples/hf_causal_lm/train.py")).parameters > 0
+print(sorted(m for m in ("torch", "transformers") if m in sys.modules))
+"""
+
+
+def test_no_task_imports_torch_or_the_program():
+    """admit, preheat, sync (the watcher), aggregate, registration and retraining's decide: none loads torch or
+    the team's program in the task's process; admit has a child process describe the program's model."""
+    out = subprocess.run([sys.executable, "-c", TASKS], capture_output=True, text=True, check=True, env=os.environ.copy())
+    assert out.stdout.strip().splitlines()[-1] == "[]"

@@ -58,3 +58,17 @@ def test_a_program_that_never_calls_the_sdk_fails_after_the_round_timeout_saying
     with pytest.raises(SubTaskLost, match=r"within 6 s; tests/programs/silent.py never called crosscloud.sdk.init\(\)"):
         run_job(spec, "program-silent", log=lambda m: None, compare_baseline=False)
     assert Ledger().active(run_id="program-silent") == []
+
+
+def test_an_evaluation_that_hangs_or_raises_is_recorded_as_failed_and_the_run_trains_on():
+    spec = JobSpec(**{**SMALL, "rounds": 2, "eval_every_steps": 10}, program="tests/programs/slow_eval.py",
+                   eval_timeout_s=3, program_args={"lr": 0.1})
+    summary = run_job(spec, "program-slow-eval", log=lambda m: None, compare_baseline=False)
+    assert summary["rounds"] == 2 and len(summary["history"]) == 2
+    m = summary["metrics"]
+    assert m["eval_loss_start"] != m["eval_loss_start"] and m["final_eval_loss"] != m["final_eval_loss"]  # NaN
+    home = open_store(load_federation().local_cloud)
+    hung, raised = (json.loads(home.get(RunKeys("team-a", "program-slow-eval").evaluation(g))) for g in (0, 2))
+    assert hung["error"] == "evaluate of global 0 ran past its time limit of 3 s"
+    assert raised["error"] == "evaluate of global 2 raised RuntimeError: the held-out set is unreadable"
+    assert Ledger().active(run_id="program-slow-eval") == []

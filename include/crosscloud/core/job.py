@@ -102,6 +102,9 @@ class JobSpec:
     # the home cloud evaluates the global on the held-out bytes when this many more steps are trained, and
     # after the last round: evaluating is forward passes only, cheap next to the rounds between
     eval_every_steps: int = 40
+    # an evaluation past this many seconds is recorded as failed and training goes on (the program may bound its
+    # own work with EVAL_BATCHES, which it reads as run.eval_batches)
+    eval_timeout_s: float = 600.0
     overlap: bool = True
     # overlap: the share of its own drift a cloud keeps when a late global is folded in, see worker.DelayedGlobal
     fold_mix: float = 0.5
@@ -136,6 +139,7 @@ class JobSpec:
             (self.outer_lr > 0, "outer_lr", f"must be > 0, got {self.outer_lr}"),
             (0 <= self.outer_momentum < 1, "outer_momentum", f"must be in [0, 1), got {self.outer_momentum}"),
             (self.eval_every_steps > 0, "eval_every_steps", f"must be > 0, got {self.eval_every_steps}"),
+            (self.eval_timeout_s > 0, "eval_timeout_s", f"must be > 0, got {self.eval_timeout_s}"),
             (0 <= self.fold_mix < 1, "fold_mix", f"must be in [0, 1), got {self.fold_mix}"),
             (self.round_timeout_s > 0, "round_timeout_s", f"must be > 0, got {self.round_timeout_s}"),
             (self.local_lr_scaling in LR_SCALINGS, "local_lr_scaling", f"{self.local_lr_scaling!r} is unknown; choose one of {list(LR_SCALINGS)}"),

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import re
 
+PARAMS = "params.safetensors"  # a global's parameters, the one object every commit of a global holds
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:+-]{0,127}$")
 
 

@@ -9,6 +9,8 @@ Preheat then copies to each cloud only the bytes it lacks.
 
 from __future__ import annotations
 
+import json
+import os
 import subprocess
 import sys
 import tempfile
@@ -16,20 +18,17 @@ from collections.abc import Callable, Iterable
 from functools import partial
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
-from types import ModuleType
 from typing import NamedTuple
 
 from crosscloud.core.federation import Dataset, Federation
-from crosscloud.core.job import DEFAULT_DATASET, JobSpec
+from crosscloud.core.job import JobSpec
 from crosscloud.run.plan import ProgramRef
 from crosscloud.store.base import ObjectStore
 from crosscloud.store.chunks import BlobRef, ChunkIndex, put_blob, put_blob_stream
 from crosscloud.store.header import Layout, count, fingerprint
 from crosscloud.store.open_store import open_store
 from crosscloud.training.corpus import build_corpus
-from crosscloud.training.program import (ProgramError, load_program, program_family, program_model_name,
-                                         program_source)
-from crosscloud.training.layout import model_layout
+from crosscloud.training.program import ProgramError, program_source
 
 
 class RunInputs(NamedTuple):
@@ -44,7 +43,6 @@ class RunInputs(NamedTuple):
 
 
 class LoadedProgram(NamedTuple):
-    module: ModuleType
     ref_name: str
     file: str
     code: bytes
@@ -68,15 +66,27 @@ class ArchitectureMismatch(ProgramError):
 
 
 def load_job_program(spec: JobSpec) -> LoadedProgram:
-    """The job's program, imported here to check it and to read its family before anything is admitted."""
+    """The job's program, checked and described by a child process (``training.describe``) before anything is
+    admitted: this process imports neither the program nor torch."""
     path = program_source(spec.program)
-    module = load_program(path, spec.program)
-    family, args = program_family(module, spec.program), spec.program_run_args()
-    declared = module.figures(args) if callable(getattr(module, "figures", None)) else getattr(module, "FIGURES", None)
-    return LoadedProgram(module, spec.program, path.name, path.read_bytes(), family,
-                         getattr(module, "DATASET", DEFAULT_DATASET),
-                         program_model_name(module, path, family, args, spec.program), model_layout(module, args),
-                         declared)
+    done = subprocess.run([sys.executable, "-m", "crosscloud.training.describe", "--path", str(path), "--label",
+                           spec.program, "--args", json.dumps(spec.program_run_args())],
+                          capture_output=True, text=True, env={**os.environ, "PYTHONPATH": _python_path()})
+    lines = done.stdout.strip().splitlines()
+    if done.returncode != 0 or not lines:
+        raise ProgramError(f"program {spec.program} could not be described (exit {done.returncode}):\n"
+                           f"{done.stderr[-2000:]}")
+    out = json.loads(lines[-1])
+    if "error" in out:
+        raise ProgramError(out["error"])
+    tensors = [(n, d, list(shape)) for n, d, shape in out["tensors"]] if out["tensors"] is not None else None
+    return LoadedProgram(spec.program, path.name, path.read_bytes(), out["family"], out["dataset"],
+                         out["model_name"], tensors, out["declared"])
+
+
+def _python_path() -> str:
+    """This process's import path, so the child finds what it found (the package, a program's package.module)."""
+    return os.pathsep.join(p for p in sys.path if p)
 
 
 def _prepared(fed: Federation, tenant: str, ds: Dataset) -> None:

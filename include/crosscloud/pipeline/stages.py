@@ -22,7 +22,7 @@ from crosscloud.core.federation import federation_path as resolve_federation_pat
 from crosscloud.core.deployment import require_single_host
 from crosscloud.core.interrupt import terminate_as_interrupt
 from crosscloud.core.job import JobSpec
-from crosscloud.core.keys import manifest_key, validate_name
+from crosscloud.core.keys import PARAMS, manifest_key, validate_name
 from crosscloud.core.presets import preset
 from crosscloud.scheduler.admission import Admission, NotAdmitted, admit, admit_waiting, preflight
 from crosscloud.scheduler.sizing import Sizing, measured_figures, resolve_sizing
@@ -42,7 +42,6 @@ from crosscloud.store.open_store import open_store
 from crosscloud.tracking import plots, registry
 from crosscloud.tracking.mlflow_runs import Tracker
 from crosscloud.tracking.run_report import load_run
-from crosscloud.training.exchange.cloud import PARAMS
 from crosscloud.pipeline.subtasks import dispatch_stage, run_handles, stop_run, watcher
 from crosscloud.run.ref import RunRef
 

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import torch
 
+from crosscloud.core.keys import PARAMS
 from crosscloud.store.base import ObjectStore
 from crosscloud.store.commit import read_object
 from crosscloud.store.tensors import from_bytes
 
-PARAMS = "params.safetensors"
+__all__ = ["PARAMS", "global_params"]
 
 
 def global_params(store: ObjectStore, commit: dict) -> dict[str, torch.Tensor]:

@@ -17,8 +17,9 @@ from __future__ import annotations
 import json
 import math
 import os
-import time
 import threading
+import time
+import traceback
 from concurrent.futures import Future
 
 import torch
@@ -41,6 +42,7 @@ from crosscloud.training.resume import CloudState, save_state
 from crosscloud.training.rounds import DelayedGlobal, RoundWork, round_line, throttle, wait_for_commit
 from crosscloud.training.session import Run, load_params, parameters, rank_batch
 from crosscloud.training.stopped import Paused
+from crosscloud.training.time_limit import Overrun, time_limit
 
 
 def _fp32(model: torch.nn.Module) -> dict[str, torch.Tensor]:
@@ -337,22 +339,30 @@ class DiLoCo:
                 self._evaluate_global(self.known.round)
 
     def _evaluate_global(self, global_: int) -> None:
-        """The program's ``evaluate`` on the global just folded in, here: the model holds it for the call."""
+        """The program's ``evaluate`` on the global just folded in, here, on the model's device, within the job's
+        ``eval_timeout_s``: the model holds the global for the call. An evaluation that raises or overruns is
+        recorded as failed (its loss NaN, with why) and training goes on."""
         if self.run.rank != 0:
             return
         if self._evaluate is None:
             program = self.plan.program
-            self._evaluate = load_program(local_file(self.run.store, self.run.tenant, program.code, program.file),
-                                          program.name).evaluate
+            module = load_program(local_file(self.run.store, self.run.tenant, program.code, program.file), program.name)
+            self._evaluate, self.run.eval_batches = module.evaluate, getattr(module, "EVAL_BATCHES", None)
         saved = {n: p.detach().clone() for n, p in parameters(self.model).items()}
         load_params(self.model, self.known.params)
+        loss, error = math.nan, ""
         try:
-            with torch.no_grad():
+            with torch.no_grad(), time_limit(self.spec.eval_timeout_s, f"evaluate of global {global_}"):
                 loss = float(self._evaluate(self.model, self.run))
+        except Overrun as exc:
+            error = str(exc)
+        except Exception as exc:  # noqa: BLE001 - a failed evaluation is recorded; the run goes on
+            error = f"evaluate of global {global_} raised {type(exc).__name__}: {exc}"
+            traceback.print_exc()
         finally:
             load_params(self.model, saved)
-        write_evaluation(self.exchange.decider.home, self.plan, global_, self.run.cloud, loss)
-        print(f"global {global_}: eval loss {loss:.4f}", flush=True)
+        write_evaluation(self.exchange.decider.home, self.plan, global_, self.run.cloud, loss, error)
+        print(f"global {global_}: " + (f"evaluation failed: {error}" if error else f"eval loss {loss:.4f}"), flush=True)
 
 
 def check_finished(run: Run | None, program: str) -> None:

@@ -52,6 +52,7 @@ class Run:
         self.batch_size = rank_batch(share, rank, world_size)
         self.state: CloudState | None = None  # what resume found, for DiLoCo to go on from
         self.resumed = False
+        self.eval_batches: int | None = None  # the program's EVAL_BATCHES: how much of the held-out set evaluate reads
         self.rounds_committed = 0
 
     @property

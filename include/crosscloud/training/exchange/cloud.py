@@ -247,7 +247,8 @@ def spool_folder(plan: Plan, cloud: str) -> Path:
     return Path(root) / plan.tenant / plan.run_id / cloud
 
 
-def write_evaluation(home: ObjectStore, plan: Plan, global_: int, cloud: str, loss: float) -> None:
-    """The held-out loss of a global, once, in the run's home store."""
+def write_evaluation(home: ObjectStore, plan: Plan, global_: int, cloud: str, loss: float, error: str = "") -> None:
+    """The held-out loss of a global, once, in the run's home store; a failed evaluation's NaN says why."""
     home.put_if_absent(plan.keys.evaluation(global_), json.dumps(
-        {"global": global_, "cloud": cloud, "eval_loss": loss, "at": time.time()}).encode())
+        {"global": global_, "cloud": cloud, "eval_loss": loss, "at": time.time(), **({"error": error} if error else {})}
+    ).encode())
