@@ -5,7 +5,7 @@ STAMP := $(VENV)/.installed-stamp
 ENV := source scripts/env.sh &&
 SHELL := /bin/bash
 
-.PHONY: install demo test bench-gap bench-scheduling bench-preheat bench-electricity bench-demand-response bench-faults bench-sdk bench-exchange bench-admission bench-inference bench-queue airflow-ui mlflow-ui clean
+.PHONY: install demo test bench-gap bench-scheduling bench-preheat bench-electricity bench-demand-response bench-faults bench-sdk bench-exchange bench-admission bench-inference bench-queue bench-control-plane airflow-ui mlflow-ui clean
 
 $(STAMP): requirements.txt requirements-dev.txt constraints.txt pyproject.toml
 	python3 -m venv $(VENV)
@@ -54,6 +54,9 @@ bench-inference: install
 
 bench-queue: install
 	$(ENV) $(PY) bench/queue_scale.py $(ARGS)
+
+bench-control-plane: install
+	$(ENV) $(PY) bench/control_plane.py $(ARGS)
 
 airflow-ui: install
 	$(ENV) mkdir -p $$AIRFLOW_HOME && $(VENV)/bin/airflow standalone

@@ -58,6 +58,8 @@ JOB = JobSpec()
                          description="The training program whose registered model is retrained (docs/programs.md)."),
         "program_args": Param(JOB.program_args, type="object",
                               description="A JSON object the program reads as run.args (over seed, lr and model_size)."),
+        "dataset": Param(JOB.dataset, type="string",
+                         description="The federation dataset to retrain on; empty: the program's own (its DATASET)."),
         "model_size": Param("small", enum=["tiny", "small", "base", "large"],
                             description="The byte-LM program's preset (one registered model each)."),
         "rounds": Param(4, type="integer", minimum=1, description="Outer rounds of the retraining run."),
