@@ -26,6 +26,7 @@ import hashlib
 import json
 import os
 import resource
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -37,7 +38,6 @@ import yaml
 
 from crosscloud.core.federation import DEFAULT_FEDERATION, load_federation
 from crosscloud.core.keys import RunKeys
-from crosscloud.core.paths import state_dir
 from crosscloud.pipeline.inputs import upload_dataset
 from crosscloud.run.history import load_history
 from crosscloud.run.plan import Plan
@@ -57,14 +57,17 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--data-gb", type=float, default=2.0, help="size of the files dataset to train on")
     p.add_argument("--clouds", nargs="+", default=["beijing", "shanghai"])
     p.add_argument("--rounds", type=int, default=2)
-    p.add_argument("--inner-steps", type=int, default=5)
-    p.add_argument("--global-batch", type=int, default=16)
+    p.add_argument("--inner-steps", type=int, default=20)
+    p.add_argument("--global-batch", type=int, default=64)
     p.add_argument("--lr", type=float, default=0.5)
     p.add_argument("--tenant", default="team-a")
     p.add_argument("--program", default="bench/programs/hashed_ngram.py")
     p.add_argument("--program-args", default="{}", help="JSON over the program's own arguments")
     p.add_argument("--dataset", default=None, help="a federation dataset instead of generating --data-gb of bytes")
-    p.add_argument("--workdir", type=Path, default=None, help="where the dataset and federation go (kept)")
+    p.add_argument("--workdir", type=Path, default=None,
+                   help="a fresh folder for the run's state (stores, ledger, Airflow and MLflow DBs), dataset and "
+                        "logs, kept; default a new temporary one, removed at the end unless --keep")
+    p.add_argument("--keep", action="store_true", help="keep the temporary folder (a 1e8 run leaves about 20 GB)")
     return p.parse_args(argv)
 
 
@@ -195,11 +198,32 @@ def estimate_error(plan: Plan) -> tuple[float, str]:
     return abs(estimated / measured.seconds_per_sample - 1), plan.sizing["source"]
 
 
+def environment(folder: Path, fed: Path) -> dict:
+    """A state of its own: what the first run knows of the program is nothing, as for a new program."""
+    state = folder / "state"
+    airflow = state / "airflow"
+    airflow.mkdir(parents=True, exist_ok=True)
+    env = {k: v for k, v in os.environ.items() if k != "CROSSCLOUD_LEDGER_URL"}
+    return {**env, "CROSSCLOUD_FEDERATION": str(fed), "CROSSCLOUD_STATE_DIR": str(state), "AIRFLOW_HOME": str(airflow),
+            "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": f"sqlite:///{airflow}/airflow.db",
+            "MLFLOW_TRACKING_URI": f"sqlite:///{state}/mlflow.db", "CROSSCLOUD_MLFLOW_ARTIFACTS": (state / "mlartifacts").as_uri()}
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse(argv)
-    folder = args.workdir or Path(state_dir()) / "bench-control-plane"
+    folder = args.workdir or Path(tempfile.mkdtemp(prefix="bench-control-plane-"))
     folder.mkdir(parents=True, exist_ok=True)
-    env = {**os.environ, "CROSSCLOUD_FEDERATION": str(federation(args, folder))}
+    try:
+        return run(args, folder)
+    finally:
+        if args.workdir is None and not args.keep:
+            shutil.rmtree(folder, ignore_errors=True)
+
+
+def run(args: argparse.Namespace, folder: Path) -> int:
+    print(f"state, dataset and logs in {folder}", flush=True)
+    env = environment(folder, federation(args, folder))
+    os.environ.clear()
     os.environ.update(env)
     print(f"describing child of admit: peak {describe_peak_mb(args, env):.0f} MB", flush=True)
     if args.dataset is None:

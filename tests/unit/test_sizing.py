@@ -61,12 +61,15 @@ def test_a_finished_run_measures_seconds_per_sample_at_speed_one_and_its_peak(tm
                                         throughput=1.0, share=8, shards=[], image="")], candidates=[],
                 program=ProgramRef(name="p", file="p", code=blob, family="byte-lm", architecture="a" * 16,
                                    parameters=7))
-    history = [{"clouds": {"beijing": {"compute_s": 99.0, "samples": 80, "peak_memory_gb": 0.5, "batch": 4}}},
-               {"clouds": {"beijing": {"compute_s": 4.0, "samples": 80, "peak_memory_gb": 0.7, "batch": 4}}},
-               {"clouds": {"beijing": {"compute_s": 6.0, "samples": 80, "peak_memory_gb": 0.6, "batch": 4}}}]
+    def meta(steps, peak):
+        return {"step_s": steps, "samples": 8 * len(steps), "peak_memory_gb": peak, "batch": 4}
+
+    history = [{"clouds": {"beijing": meta([30.0, 0.5, 0.4, 0.5], 0.5)}},  # the first step warms up
+               {"clouds": {"beijing": meta([0.4, 0.6, 9.0, 0.5], 0.7)}},  # a fold-in lengthened one step
+               {"clouds": {"beijing": meta([0.5, 0.5, 0.4, 0.6], 0.6)}}]
     [figure] = measured_figures(plan, history, "c" * 64)
-    # rounds 1 and 2 (round 0 warms up): 2 devices of speed 0.5 each -> 5 s x 2 x 0.5 / 80 samples
-    assert figure.seconds_per_sample == pytest.approx(5.0 * 2 * 0.5 / 80) and figure.peak_memory_gb == 0.7
+    # the median step, 0.5 s for 8 samples on 2 devices of speed 0.5 each: 0.5 x 2 x 0.5 / 8 device-seconds
+    assert figure.seconds_per_sample == pytest.approx(0.5 * 2 * 0.5 / 8) and figure.peak_memory_gb == 0.7
     ledger = Ledger(tmp_path / "l.sqlite")
     ledger.figures.record(figure)
     ledger.figures.record(figure)

@@ -93,20 +93,23 @@ def _declared(declared: dict, parameters: int) -> Sizing:
 
 def measured_figures(plan: Plan, history: list[dict], program_sha256: str) -> list[Figure]:
     """What a finished run measured of its program on each accelerator type it trained on: device-seconds per
-    sample at speed 1 (the median of its rounds, the first left out when there are others: it warms up) and the
-    largest peak memory of a rank."""
+    sample at speed 1, from the median of its inner steps (robust to the steps a fold-in or a slow neighbour
+    lengthened; the run's first step, which warms up, left out), and the largest peak memory of a rank."""
     if plan.program is None or not plan.program.architecture:
         return []
-    by_type: dict[str, list[tuple[float, float, int]]] = {}
+    per_sample: dict[str, list[float]] = {}
+    peaks: dict[str, list[tuple[float, int]]] = {}
     for c in plan.clouds:
         speed = c.throughput / c.devices if c.devices else 1.0
         rounds = [r["clouds"][c.name] for r in history if c.name in r.get("clouds", {})]
-        rounds = [m for m in (rounds[1:] if len(rounds) > 1 else rounds) if m.get("samples") and m.get("compute_s")]
-        for m in rounds:
-            by_type.setdefault(c.accelerator, []).append(
-                (m["compute_s"] * c.devices * speed / m["samples"], float(m.get("peak_memory_gb", 0.0)),
-                 int(m.get("batch", 0))))
+        for i, m in enumerate(rounds):
+            steps = list(m.get("step_s") or [])[1 if i == 0 else 0:]
+            if not m.get("samples") or not steps:
+                continue
+            per_step = m["samples"] / len(m["step_s"])
+            per_sample.setdefault(c.accelerator, []).extend(t * c.devices * speed / per_step for t in steps)
+            peaks.setdefault(c.accelerator, []).append((float(m.get("peak_memory_gb") or 0.0), int(m.get("batch") or 0)))
     return [Figure(plan.tenant, program_sha256, plan.program.architecture, accelerator, plan.program.parameters,
-                   statistics.median(s for s, _, _ in seen), max(p for _, p, _ in seen), max(b for _, _, b in seen),
-                   run_id=plan.run_id, name=plan.program.name)
-            for accelerator, seen in sorted(by_type.items())]
+                   statistics.median(seen), max(p for p, _ in peaks[accelerator]),
+                   max(b for _, b in peaks[accelerator]), run_id=plan.run_id, name=plan.program.name)
+            for accelerator, seen in sorted(per_sample.items())]
