@@ -11,7 +11,7 @@ from crosscloud.core.job import JobSpec
 from crosscloud.pipeline.inputs import dataset_files, upload_dataset
 from crosscloud.store.chunks import BlobRef, ChunkIndex, chunk_spans, load_manifest, put_blob_stream, read_blob
 from crosscloud.store.open_store import open_store
-from tests.federations import embedded
+from federations import embedded
 
 pytestmark = pytest.mark.program
 
