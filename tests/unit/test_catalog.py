@@ -43,15 +43,16 @@ def test_demand_comes_from_runs_and_cold_artifacts_are_evicted(run, tmp_path):
 
 
 def test_a_pinned_artifact_is_fetched_and_kept_whatever_its_demand(run, tmp_path):
-    fed, plan = run
+    fed, _ = run
+    model, _ = put_blob(load_catalog(fed, T, ["beijing"]).stores["beijing"], T, os.urandom(300_000), kind="model")
     ledger = Ledger(tmp_path / "l.sqlite")
-    cat, result = choose_tenant_warm_sets(fed, T, ["beijing", "singapore"], 10**9, 7 * 86400, pin=[plan.program.code.sha256],
+    cat, result = choose_tenant_warm_sets(fed, T, ["beijing", "singapore"], 10**9, 7 * 86400, pin=[model.sha256],
                                     pin_s=3600, ledger=ledger)
     singapore = result.clouds["singapore"]
-    assert plan.program.code.sha256 in singapore.pinned and plan.program.code.sha256 in [a for a, _, _ in singapore.fetch]
+    assert model.sha256 in singapore.pinned and model.sha256 in [a for a, _, _ in singapore.fetch]
     done = apply(fed, cat, singapore)
     assert done["total_sent_bytes"] > 0 and set(done["read_from"]) == {"beijing"}
-    assert load_catalog(fed, T, ["singapore"]).warmth(plan.program.code.sha256, "singapore", verify=True).warm
+    assert load_catalog(fed, T, ["singapore"]).warmth(model.sha256, "singapore", verify=True).warm
     again = apply(fed, load_catalog(fed, T, ["beijing", "singapore"]), singapore)
     assert again["total_sent_bytes"] == 0  # never sent twice
 
