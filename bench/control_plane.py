@@ -189,7 +189,7 @@ def estimate_error(plan: Plan) -> tuple[float, str]:
     """|estimated / measured - 1| of the run's seconds per sample on the accelerator it trained on, and the
     estimate's source."""
     home = open_store(load_federation().local_cloud, plan.tenant)
-    figures = measured_figures(plan, load_history(home, plan), plan.program.code.sha256)
+    figures = measured_figures(plan, load_history(home, plan))
     if not figures:
         return float("nan"), plan.sizing.get("source", "")
     measured = figures[0]

@@ -262,7 +262,8 @@ def _inventory(args) -> int:
     if args.tenant:
         inv.tenants = [t for t in inv.tenants if t.name in args.tenant]
         out["tenants"] = [t for t in out["tenants"] if t["name"] in args.tenant]
-    figures = [] if args.airflow else [f for t in inv.tenants for f in Ledger().figures.of_tenant(t.name)]
+    store = None if args.airflow else Ledger().figures
+    figures = [f for t in inv.tenants for f in store.of_tenant(t.name)] if store else []
     out["programs"] = [dataclasses.asdict(f) for f in figures]
     print(json.dumps(out, indent=2) if args.json else inv.format() + _figures_text(figures))
     return 0

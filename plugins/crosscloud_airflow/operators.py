@@ -78,14 +78,16 @@ class AdmitOperator(BaseOperator):
 
         use_airflow_connections()
         spec, run_id, dag_id = JobSpec.from_params(dict(context["params"])), context["run_id"], context["dag"].dag_id
-        init, lineage = None, {}
+        init, lineage, program = None, {}, None
         if self.continue_registered:
+            from crosscloud.pipeline.inputs import load_job_program
             from crosscloud.pipeline.retraining import starting_point
 
-            init, lineage = starting_point(spec, self.log.info)
+            program = load_job_program(spec)  # one child process describes it, for both steps
+            init, lineage = starting_point(spec, self.log.info, program)
         try:
             ref = admit_stage(spec, run_id, experiment=self.experiment, init=init,
-                              tags={"airflow.dag_id": dag_id, "airflow.run_id": run_id, **lineage})
+                              tags={"airflow.dag_id": dag_id, "airflow.run_id": run_id, **lineage}, program=program)
         except NotAdmitted as waiting:
             self.log.info("run %s waits in the queue, deferred: %s", run_id, waiting)
             self.defer(trigger=QueueTrigger(str(federation_path()), spec.tenant, run_id, self.poll_interval),

@@ -67,11 +67,11 @@ def test_a_finished_run_measures_seconds_per_sample_at_speed_one_and_its_peak(tm
     history = [{"clouds": {"beijing": meta([30.0, 0.5, 0.4, 0.5], 0.5)}},  # the first step warms up
                {"clouds": {"beijing": meta([0.4, 0.6, 9.0, 0.5], 0.7)}},  # a fold-in lengthened one step
                {"clouds": {"beijing": meta([0.5, 0.5, 0.4, 0.6], 0.6)}}]
-    [figure] = measured_figures(plan, history, "c" * 64)
+    [figure] = measured_figures(plan, history)
     # the median step, 0.5 s for 8 samples on 2 devices of speed 0.5 each: 0.5 x 2 x 0.5 / 8 device-seconds
     assert figure.seconds_per_sample == pytest.approx(0.5 * 2 * 0.5 / 8) and figure.peak_memory_gb == 0.7
     ledger = Ledger(tmp_path / "l.sqlite")
     ledger.figures.record(figure)
     ledger.figures.record(figure)
-    [kept] = ledger.figures.lookup("team-a", "c" * 64, "a" * 16).values()
-    assert kept.runs == 2 and kept.parameters == 7 and ledger.figures.lookup("team-b", "c" * 64, "a" * 16) == {}
+    [kept] = ledger.figures.lookup("team-a", blob.sha256, "a" * 16).values()
+    assert kept.runs == 2 and kept.parameters == 7 and ledger.figures.lookup("team-b", blob.sha256, "a" * 16) == {}

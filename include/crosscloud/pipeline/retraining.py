@@ -21,7 +21,7 @@ from pathlib import Path
 
 from crosscloud.core.federation import load_federation
 from crosscloud.core.job import JobSpec
-from crosscloud.pipeline.inputs import StartFrom, load_job_program
+from crosscloud.pipeline.inputs import LoadedProgram, StartFrom, load_job_program
 from crosscloud.pipeline.stages import Log
 from crosscloud.store import header
 from crosscloud.store.chunks import put_blob_stream
@@ -32,12 +32,13 @@ from crosscloud.tracking.mlflow_runs import Tracker
 BLOCK = 8 << 20  # bytes read from the downloaded model file at a time
 
 
-def starting_point(spec: JobSpec, log: Log = print) -> tuple[StartFrom | None, dict[str, str]]:
+def starting_point(spec: JobSpec, log: Log = print,
+                   program: LoadedProgram | None = None) -> tuple[StartFrom | None, dict[str, str]]:
     """What a retrain of ``spec`` continues (None: the seed) and the lineage tag naming it: the program's own
     registered model (``registry.plan_model_name``), its champion else its newest version. The weights go from
     the artifact store to the local cloud's store as a file, streamed: the task never holds them."""
     client = Tracker().client
-    name = registry.model_name(spec.tenant, load_job_program(spec).model_name)
+    name = registry.model_name(spec.tenant, (program or load_job_program(spec)).model_name)
     base = registry.champion(client, name) or registry.latest(client, name)
     log(f"retraining {name} from {f'version {base.version}' if base else 'scratch (no registered version yet)'}")
     if base is None:

@@ -144,6 +144,7 @@ def admit_stage(
     wait: bool = False,
     log: Log = print,
     wait_s: float | None = None,
+    program: LoadedProgram | None = None,
 ) -> RunRef:
     """Admit the run (it enters the queue; once a pass starts it, its devices are reserved), give clouds shares
     and shards, write the plan, open MLflow runs.
@@ -156,7 +157,7 @@ def admit_stage(
     federation_path = str(resolve_federation_path(federation_path))
     fed, digest = read_federation(federation_path)
     ref = RunRef(federation_path, spec.tenant, run_id, digest)
-    program = load_job_program(spec)
+    program = program or load_job_program(spec)  # described once: a retrain's caller has done it already
     spec = dataclasses.replace(spec, dataset=spec.dataset or program.dataset)
     ledger = Ledger()
     sizing = _sizing(ledger, spec, program)
@@ -420,8 +421,10 @@ def _aggregate(ref: RunRef, fed: Federation, plan: Plan, handles: list[Handle], 
     train_s = sum(r["wall_s"] for r in history)
     clouds = _cloud_summary(fed, plan, history, train_s)
     base = _baseline(plan, experiment, log) if plan.spec.mode == "cross_cloud" and compare_baseline else None
-    for figure in measured_figures(plan, history, plan.program.code.sha256 if plan.program else ""):
-        Ledger().figures.record(figure)  # the next run of this program and model is sized by what this one took
+    if figures := measured_figures(plan, history):  # the next run of this program and model is sized by them
+        store = Ledger().figures
+        for figure in figures:
+            store.record(figure)
     summary = {**_run_summary(plan, history, clouds, train_s, evals, base), "init_sha256": _global0_sha256(fed, plan, home)}
     tracker = run_tracker(plan)
     if tracker and plan.spec.mode == "cross_cloud":  # a single-cluster baseline is a measurement, not a model to serve

@@ -91,7 +91,7 @@ def _declared(declared: dict, parameters: int) -> Sizing:
                   parameters=parameters)
 
 
-def measured_figures(plan: Plan, history: list[dict], program_sha256: str) -> list[Figure]:
+def measured_figures(plan: Plan, history: list[dict]) -> list[Figure]:
     """What a finished run measured of its program on each accelerator type it trained on: device-seconds per
     sample at speed 1, from the median of its inner steps (robust to the steps a fold-in or a slow neighbour
     lengthened; the run's first step, which warms up, left out), and the largest peak memory of a rank."""
@@ -109,7 +109,7 @@ def measured_figures(plan: Plan, history: list[dict], program_sha256: str) -> li
             per_step = m["samples"] / len(m["step_s"])
             per_sample.setdefault(c.accelerator, []).extend(t * c.devices * speed / per_step for t in steps)
             peaks.setdefault(c.accelerator, []).append((float(m.get("peak_memory_gb") or 0.0), int(m.get("batch") or 0)))
-    return [Figure(plan.tenant, program_sha256, plan.program.architecture, accelerator, plan.program.parameters,
+    return [Figure(plan.tenant, plan.program.code.sha256, plan.program.architecture, accelerator, plan.program.parameters,
                    statistics.median(seen), max(p for p, _ in peaks[accelerator]),
                    max(b for _, b in peaks[accelerator]), run_id=plan.run_id, name=plan.program.name)
             for accelerator, seen in sorted(per_sample.items())]
