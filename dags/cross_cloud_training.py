@@ -100,6 +100,9 @@ JOB = JobSpec()  # the Params' defaults are the engine's, so the DAG runs what b
                                   description="Evaluate the global on held-out bytes every this many steps, and after the last round."),
         "eval_timeout_s": Param(JOB.eval_timeout_s, type="number", exclusiveMinimum=0,
                                 description="An evaluation past this many seconds is recorded as failed; training goes on."),
+        "probe_steps": Param(JOB.probe_steps, type="integer", minimum=0, maximum=1000,
+                             description="Before the first placement on an accelerator type no run has measured this program on, "
+                                         "measure it there with a probe run of this many first steps (0: none, size by estimate)."),
         "fold_mix": Param(JOB.fold_mix, type="number", minimum=0, exclusiveMaximum=1,
                           description="Overlap: the share of its own drift a cloud keeps when the late global is folded in."),
         "compression": Param(JOB.compression, enum=["int8", "none"], description="How pseudo-gradients travel."),

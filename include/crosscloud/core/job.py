@@ -105,6 +105,9 @@ class JobSpec:
     # an evaluation past this many seconds is recorded as failed and training goes on (the program may bound its
     # own work with EVAL_BATCHES, which it reads as run.eval_batches)
     eval_timeout_s: float = 600.0
+    # > 0: before the run's first placement on an accelerator type no run has measured its program and model on,
+    # a probe run of this many of the program's first steps measures it there (pipeline.probe); 0: no probe
+    probe_steps: int = 0
     overlap: bool = True
     # overlap: the share of its own drift a cloud keeps when a late global is folded in, see worker.DelayedGlobal
     fold_mix: float = 0.5
@@ -140,6 +143,8 @@ class JobSpec:
             (0 <= self.outer_momentum < 1, "outer_momentum", f"must be in [0, 1), got {self.outer_momentum}"),
             (self.eval_every_steps > 0, "eval_every_steps", f"must be > 0, got {self.eval_every_steps}"),
             (self.eval_timeout_s > 0, "eval_timeout_s", f"must be > 0, got {self.eval_timeout_s}"),
+            (self.probe_steps == 0 or self.probe_steps >= 2, "probe_steps",
+             f"must be 0 (no probe) or >= 2 (the first step warms up and is not measured), got {self.probe_steps}"),
             (0 <= self.fold_mix < 1, "fold_mix", f"must be in [0, 1), got {self.fold_mix}"),
             (self.round_timeout_s > 0, "round_timeout_s", f"must be > 0, got {self.round_timeout_s}"),
             (self.local_lr_scaling in LR_SCALINGS, "local_lr_scaling", f"{self.local_lr_scaling!r} is unknown; choose one of {list(LR_SCALINGS)}"),

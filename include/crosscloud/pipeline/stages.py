@@ -15,6 +15,7 @@ from collections.abc import Callable
 
 
 from crosscloud.artifacts.preheat import TransferReport, fetch_all
+from crosscloud.pipeline.probe import probes
 from crosscloud.pipeline.inputs import LoadedProgram, RunInputs, StartFrom, load_job_program, materialize_inputs
 from crosscloud.backends import Handle, get_backend
 from crosscloud.core.federation import Federation, read_federation
@@ -81,6 +82,23 @@ def _sizing(ledger: Ledger, spec: JobSpec, program: LoadedProgram) -> Sizing:
     measured = (ledger.figures.lookup(spec.tenant, sha256(program.code), program.architecture)
                 if program.architecture else {})
     return resolve_sizing(spec, measured, program.declared, program.parameters)
+
+
+def _probe(fed: Federation, ref: RunRef, spec: JobSpec, program: LoadedProgram, ledger: Ledger, log: Log) -> None:
+    """Measure the program where no run has yet (``pipeline.probe``). A probe that cannot start now (no free
+    device) or fails leaves that accelerator type to the estimate, and says so; the run goes on."""
+    for probe in probes(fed, spec, program.family, sha256(program.code), program.architecture, ledger):
+        run_id = probe.run_id(ref.run_id)
+        log(f"run {ref.run_id}: probing {program.ref_name} on {probe.cloud} ({probe.accelerator}): "
+            f"{probe.spec.inner_steps} steps of {probe.spec.global_batch} in run {run_id}")
+        try:
+            run_job(probe.spec, run_id, ref.federation_path, log=log, compare_baseline=False, wait=False,
+                    program=program)
+        except NotAdmitted as exc:
+            log(f"run {ref.run_id}: no probe on {probe.cloud} now ({exc}); {probe.accelerator} sized by estimate")
+        except Exception as exc:  # noqa: BLE001 - whatever the probe met, the run itself decides and says
+            log(f"run {ref.run_id}: the probe on {probe.cloud} failed ({type(exc).__name__}: {exc}); "
+                f"{probe.accelerator} sized by estimate")
 
 
 def _new_plan(fed: Federation, ref: RunRef, spec: JobSpec, admission: Admission, inputs: RunInputs,
@@ -160,6 +178,7 @@ def admit_stage(
     program = program or load_job_program(spec)  # described once: a retrain's caller has done it already
     spec = dataclasses.replace(spec, dataset=spec.dataset or program.dataset)
     ledger = Ledger()
+    _probe(fed, ref, spec, program, ledger, log)
     sizing = _sizing(ledger, spec, program)
     log(f"run {run_id}: sized by {sizing.source}")
     _check_runnable(fed, spec, program.family, sizing)
@@ -437,7 +456,8 @@ def _aggregate(ref: RunRef, fed: Federation, plan: Plan, handles: list[Handle], 
 
 def run_job(spec: JobSpec, run_id: str, federation_path: str | None = None, experiment: str | None = None,
             log: Log = print, compare_baseline: bool = True, tags: dict[str, str] | None = None,
-            init: StartFrom | None = None, wait: bool = True, wait_s: float | None = None) -> dict:
+            init: StartFrom | None = None, wait: bool = True, wait_s: float | None = None,
+            program: LoadedProgram | None = None) -> dict:
     """All stages in this process, through the engine backends: for benchmarks, calibration and retraining.
 
     The run waits in the queue like any other (``wait=False``: it fails at once
@@ -447,7 +467,7 @@ def run_job(spec: JobSpec, run_id: str, federation_path: str | None = None, expe
     with terminate_as_interrupt():
         ref = admit_stage(spec, run_id, federation_path, experiment,
                           tags={"crosscloud.launcher": "engine", **(tags or {})}, init=init, wait=wait, log=log,
-                          wait_s=wait_s)
+                          wait_s=wait_s, program=program)
         handles: list[Handle] = []
         try:
             preheat_stage(ref)
