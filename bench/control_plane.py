@@ -3,20 +3,24 @@
 A program of ``--parameters`` parameters (default a billion: ``bench/programs/hashed_ngram.py``,
 a hashed n-gram table with a small head, plain SGD) trains on ``--clouds`` (one
 device each) for ``--rounds`` rounds through the DAG ``cross_cloud_training``
-(``airflow dags test``), on a files dataset of ``--data-gb`` GB put with
+(probed first: ``--probe-steps``), on a files dataset of ``--data-gb`` GB put with
 ``crosscloud dataset put``; then the DAG ``retraining`` trains it again from
 the registered champion and compares; both register. Other programs run the
 same way (``--program examples/byte_lm/train.py --dataset python-stdlib``).
 
-Each DAG run is one ``airflow dags test`` process, which runs every task of it
-(admit, preheat, dispatch, sync, aggregate and registration, retraining's
-decide) in itself: its peak resident set (``VmHWM``, read from ``/proc`` while
-it runs) bounds every task's. Sub-tasks and admission's describing child are
-processes of their own; the describing child's peak is printed too.
+The DAG runs go through a real ``airflow standalone`` (scheduler, LocalExecutor,
+api-server, dag-processor, triggerer: the tests' ``tests/airflowstandalone.py``),
+so that every task runs in a task process of its own, as on a deployment's
+workers. A sampler reads every task process's peak resident set (``VmHWM``,
+from ``/proc``, the processes Airflow titles ``airflow worker -- <task
+instance id>``) while it runs; the API names their tasks afterwards.
+Sub-tasks and admission's describing child are processes of their own, not
+Airflow's; the describing child's peak is printed too.
 
-Last line: ``airflow_peak_rss_mb=<the larger leg's peak> registered_ok=<1 when the retrain's registered version
+Last line: ``airflow_peak_rss_mb=<the highest task process's peak> registered_ok=<1 when the retrain's registered version
 reads back with the sha256 of the home cloud's final global> estimate_error=<|estimated / measured - 1| of the
-retrain's seconds per sample, estimated from the first run's measurement> registered_name=<name>``.
+first run's seconds per sample, estimated from its probe's measurement (``--probe-steps``)> registered_name=<name>``.
+A line before it gives the retrain's error too, estimated from the first run's measurement.
 """
 
 from __future__ import annotations
@@ -35,6 +39,9 @@ import time
 from pathlib import Path
 
 import yaml
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # the tests' standalone Airflow
+from airflowstandalone import AirflowStandalone  # noqa: E402
 
 from crosscloud.core.federation import DEFAULT_FEDERATION, load_federation
 from crosscloud.core.keys import RunKeys
@@ -67,6 +74,10 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--workdir", type=Path, default=None,
                    help="a fresh folder for the run's state (stores, ledger, Airflow and MLflow DBs), dataset and "
                         "logs, kept; default a new temporary one, removed at the end unless --keep")
+    p.add_argument("--probe-steps", type=int, default=10,
+                   help="the first run's probe_steps: a probe of this many steps measures the program before its "
+                        "first placement (0: the first run is sized by an estimate)")
+    p.add_argument("--timeout-s", type=float, default=7200.0, help="the longest a DAG run may take")
     p.add_argument("--keep", action="store_true", help="keep the temporary folder (a 1e8 run leaves about 20 GB)")
     return p.parse_args(argv)
 
@@ -110,29 +121,95 @@ def byte_files(folder: Path, gb: float) -> Path:
     return folder
 
 
-def _peak_mb(pid: int) -> float:
+TASK_TITLE = "airflow worker -- "  # the task runner's process title, then its task instance id
+
+
+class TaskPeaks:
+    """Every Airflow task process's peak resident set (MB) by task instance id, sampled from ``/proc``."""
+
+    def __init__(self, every_s: float = 0.1):
+        self.peaks: dict[str, float] = {}
+        self._every_s = every_s
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._sample, daemon=True)
+
+    def __enter__(self) -> "TaskPeaks":
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def _sample(self) -> None:
+        while not self._stop.wait(self._every_s):
+            for proc in Path("/proc").iterdir():
+                if proc.name.isdigit() and (sampled := _task_peak(proc)):
+                    ti, mb = sampled
+                    self.peaks[ti] = max(self.peaks.get(ti, 0.0), mb)
+
+
+def _task_peak(proc: Path) -> tuple[str, float] | None:
+    """(task instance id, VmHWM in MB) of a task process; None for any other process (or one gone)."""
     try:
-        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1]) / 1024
+        title = (proc / "cmdline").read_bytes().split(b"\0")[0].decode()
+        if not title.startswith(TASK_TITLE) or "LocalExecutor" in title:  # the executor's worker supervises it
+            return None
+        status = (proc / "status").read_text()
     except OSError:
-        pass
-    return 0.0
+        return None
+    ti = title[len(TASK_TITLE):].split()[0]
+    hwm = next((line for line in status.splitlines() if line.startswith("VmHWM:")), None)
+    return (ti, int(hwm.split()[1]) / 1024) if hwm else None
 
 
-def dag_test(dag_id: str, conf: dict, env: dict, log: Path) -> float:
-    """Run the DAG once with ``airflow dags test``; its process's peak RSS in MB (it runs every task)."""
-    with open(log, "w") as out:
-        proc = subprocess.Popen([str(Path(sys.executable).with_name("airflow")), "dags", "test", dag_id, "--conf",
-                                 json.dumps(conf)], stdout=out, stderr=subprocess.STDOUT, env=env)
-        peak = 0.0
-        while proc.poll() is None:
-            peak = max(peak, _peak_mb(proc.pid))
-            time.sleep(0.2)
-    text = log.read_text()
-    if proc.returncode != 0 or "state=success" not in text:
-        raise SystemExit(f"{dag_id} did not succeed (exit {proc.returncode}); its log: {log}\n{text[-3000:]}")
-    return peak
+class BenchAirflow(AirflowStandalone):
+    """The tests' standalone Airflow, on the bench's federation, data and a long wait."""
+
+    def __init__(self, folder: Path, fed: Path):
+        super().__init__(folder)
+        self.federation = fed
+
+    def env(self) -> dict[str, str]:
+        # only the bench's own runs: no scheduled retraining of the champion beside them
+        env = {**super().env(), "CROSSCLOUD_FEDERATION": str(self.federation),
+               "AIRFLOW__SCHEDULER__USE_JOB_SCHEDULE": "False"}
+        env.pop("CROSSCLOUD_LEDGER_URL", None)  # the state folder's own ledger: a new program, known nowhere
+        if data := os.environ.get("CROSSCLOUD_DATA_DIR"):
+            env["CROSSCLOUD_DATA_DIR"] = data  # the shared prices, not the tests' empty folder
+        else:
+            env.pop("CROSSCLOUD_DATA_DIR")
+        return env
+
+    def failed_logs(self, dag_id: str, run_id: str, lines: int = 40) -> str:
+        """The end of each failed task's log of a run."""
+        tis = self.api("GET", f"/dags/{dag_id}/dagRuns/{run_id}/taskInstances").json()["task_instances"]
+        failed = [t["task_id"] for t in tis if t["state"] in ("failed", "upstream_failed")]
+        out = [f"failed tasks: {failed}; logs under {self.home / 'logs'}"]
+        for task in failed:
+            for log in sorted((self.home / "logs").glob(f"dag_id={dag_id}/run_id={run_id}/task_id={task}/**/*.log")):
+                out += [f"--- {log}", *log.read_text(errors="replace").splitlines()[-lines:]]
+        return "\n".join(out)
+
+    def task_names(self, dag_id: str, run_id: str) -> dict[str, str]:
+        """Task instance id -> task id (and map index) of a run's tasks."""
+        tis = self.api("GET", f"/dags/{dag_id}/dagRuns/{run_id}/taskInstances").json()["task_instances"]
+        return {t["id"]: t["task_id"] + (f"[{t['map_index']}]" if t["map_index"] >= 0 else "") for t in tis}
+
+
+def dag_run(server: BenchAirflow, dag_id: str, conf: dict, timeout_s: float) -> tuple[str, dict[str, float]]:
+    """Run the DAG once through the scheduler; its run id and each of its task processes' peak RSS in MB, by task."""
+    with TaskPeaks() as sampled:
+        run_id = server.trigger(dag_id, conf)
+        run = server.wait(dag_id, run_id, timeout_s)
+    if run["state"] != "success":
+        raise SystemExit(f"{dag_id} run {run_id} ended {run['state']}; {server.failed_logs(dag_id, run_id)}")
+    names = server.task_names(dag_id, run_id)
+    peaks: dict[str, float] = {}
+    for ti, mb in sampled.peaks.items():
+        if ti in names:
+            peaks[names[ti]] = max(peaks.get(names[ti], 0.0), mb)
+    return run_id, peaks
 
 
 def describe_peak_mb(args: argparse.Namespace, env: dict) -> float:
@@ -144,19 +221,22 @@ def describe_peak_mb(args: argparse.Namespace, env: dict) -> float:
     return max(before, resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss) / 1024
 
 
-def legs(args: argparse.Namespace, env: dict, folder: Path) -> dict[str, float]:
-    """The first run, then the retrain; each leg's peak RSS."""
+def legs(args: argparse.Namespace, server: BenchAirflow) -> tuple[list[str], dict[str, float]]:
+    """The first run, then the retrain: their run ids, and every task process's peak RSS in MB by leg and task."""
     common = {"tenant": args.tenant, "program": args.program, "program_args": program_args(args),
               "dataset": args.dataset or DATASET, "rounds": args.rounds, "inner_steps": args.inner_steps,
               "global_batch": args.global_batch}
     first = {**common, "clouds": args.clouds, "devices_per_cloud": 1, "compression": "none",
-             "eval_every_steps": args.rounds * args.inner_steps}
-    peaks = {}
+             "eval_every_steps": args.rounds * args.inner_steps, "probe_steps": args.probe_steps}
+    peaks, run_ids = {}, []
     for dag_id, conf in (("cross_cloud_training", first), ("retraining", common)):
         t0 = time.time()
-        peaks[dag_id] = dag_test(dag_id, conf, env, folder / f"{dag_id}.log")
-        print(f"{dag_id}: {time.time() - t0:.0f} s, peak RSS of its airflow process {peaks[dag_id]:.0f} MB", flush=True)
-    return peaks
+        run_id, tasks = dag_run(server, dag_id, conf, args.timeout_s)
+        run_ids.append(run_id)
+        print(f"{dag_id}: {time.time() - t0:.0f} s; task processes' peak RSS (MB): "
+              + ", ".join(f"{task} {mb:.0f}" for task, mb in sorted(tasks.items(), key=lambda kv: -kv[1])), flush=True)
+        peaks.update({f"{dag_id}.{task}": mb for task, mb in tasks.items()})
+    return run_ids, peaks
 
 
 def _file_sha256(path: Path) -> str:
@@ -167,20 +247,20 @@ def _file_sha256(path: Path) -> str:
     return digest.hexdigest()
 
 
-def registered(args: argparse.Namespace, name: str) -> tuple[int, Plan, Plan]:
+def registered(args: argparse.Namespace, name: str, first_id: str, last_id: str) -> tuple[int, Plan, Plan]:
     """Whether the retrain's version reads back as the home cloud's final global; the two runs' plans."""
     from crosscloud.tracking.mlflow_runs import Tracker
     from crosscloud.store import header
 
     client = Tracker().client
-    versions = sorted(client.search_model_versions(f"name = '{name}'"), key=lambda v: int(v.version))
-    if len(versions) < 2:
-        raise SystemExit(f"{name}: {len(versions)} version(s) registered, expected the run's and the retrain's")
+    versions = {v.tags.get("crosscloud.run_id"): v for v in client.search_model_versions(f"name = '{name}'")}
+    if first_id not in versions or last_id not in versions:
+        raise SystemExit(f"{name}: versions of runs {sorted(map(str, versions))}; expected {first_id} and {last_id}")
     home = open_store(load_federation().local_cloud, args.tenant)
-    first, last = (Plan.load(home, args.tenant, v.tags["crosscloud.run_id"]) for v in versions[-2:])
+    first, last = (Plan.load(home, args.tenant, run_id) for run_id in (first_id, last_id))
     final = read_commit(home, RunKeys(args.tenant, last.run_id).final)["objects"]["model.safetensors"]
     with tempfile.TemporaryDirectory() as tmp:
-        path = Path(registry.download(versions[-1], tmp))
+        path = Path(registry.download(versions[last_id], tmp))
         ok = _file_sha256(path) == final["sha256"] and header.architecture(header.file_prefix(path)) == last.program.architecture
     return int(ok), first, last
 
@@ -198,17 +278,6 @@ def estimate_error(plan: Plan) -> tuple[float, str]:
     return abs(estimated / measured.seconds_per_sample - 1), plan.sizing["source"]
 
 
-def environment(folder: Path, fed: Path) -> dict:
-    """A state of its own: what the first run knows of the program is nothing, as for a new program."""
-    state = folder / "state"
-    airflow = state / "airflow"
-    airflow.mkdir(parents=True, exist_ok=True)
-    env = {k: v for k, v in os.environ.items() if k != "CROSSCLOUD_LEDGER_URL"}
-    return {**env, "CROSSCLOUD_FEDERATION": str(fed), "CROSSCLOUD_STATE_DIR": str(state), "AIRFLOW_HOME": str(airflow),
-            "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": f"sqlite:///{airflow}/airflow.db",
-            "MLFLOW_TRACKING_URI": f"sqlite:///{state}/mlflow.db", "CROSSCLOUD_MLFLOW_ARTIFACTS": (state / "mlartifacts").as_uri()}
-
-
 def main(argv: list[str] | None = None) -> int:
     args = parse(argv)
     folder = args.workdir or Path(tempfile.mkdtemp(prefix="bench-control-plane-"))
@@ -221,29 +290,38 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def run(args: argparse.Namespace, folder: Path) -> int:
+    """A fresh state: what the first run knows of the program is nothing, as for a new program."""
     print(f"state, dataset and logs in {folder}", flush=True)
-    env = environment(folder, federation(args, folder))
-    os.environ.clear()
-    os.environ.update(env)
-    print(f"describing child of admit: peak {describe_peak_mb(args, env):.0f} MB", flush=True)
-    if args.dataset is None:
-        t0 = time.time()
-        sent = upload_dataset(load_federation(), args.tenant, DATASET, byte_files(folder / "data", args.data_gb))
-        print(f"dataset {DATASET}: {sent['bytes'] / 1e9:.2f} GB in {sent['files']} files, put in {time.time() - t0:.0f} s")
-    subprocess.run([str(Path(sys.executable).with_name("airflow")), "db", "migrate"], check=True, env=env,
-                   capture_output=True)
-    peaks = legs(args, env, folder)
-    from crosscloud.pipeline.inputs import load_job_program
+    server = BenchAirflow(folder, federation(args, folder))
+    server.start()
+    try:
+        os.environ.update(server.env())  # this process reads the same stores, ledger and registry
+        print(f"describing child of admit: peak {describe_peak_mb(args, server.env()):.0f} MB", flush=True)
+        if args.dataset is None:
+            t0 = time.time()
+            sent = upload_dataset(load_federation(), args.tenant, DATASET, byte_files(folder / "bytes", args.data_gb))
+            print(f"dataset {DATASET}: {sent['bytes'] / 1e9:.2f} GB in {sent['files']} files, put in "
+                  f"{time.time() - t0:.0f} s", flush=True)
+        run_ids, peaks = legs(args, server)
+    finally:
+        server.stop()
+    return report(args, run_ids, peaks)
+
+
+def report(args: argparse.Namespace, run_ids: list[str], peaks: dict[str, float]) -> int:
     from crosscloud.core.job import JobSpec
+    from crosscloud.pipeline.inputs import load_job_program
 
     described = load_job_program(JobSpec(program=args.program, program_args=program_args(args)))
     name = registry.model_name(args.tenant, described.model_name)
-    ok, first, last = registered(args, name)
+    ok, first, last = registered(args, name, *run_ids)
     first_error, first_source = estimate_error(first)
     error, source = estimate_error(last)
-    print(f"model: {described.parameters:,} parameters; first run sized by {first_source}: estimate error "
-          f"{first_error:.3f}; the retrain sized by {source}")
-    print(f"airflow_peak_rss_mb={max(peaks.values()):.0f} registered_ok={ok} estimate_error={error:.3f} "
+    print(f"model: {described.parameters:,} parameters; the first run sized by {first_source}: estimate error "
+          f"{first_error:.3f}; the retrain sized by {source}: estimate error {error:.3f}")
+    top = max(peaks, key=peaks.get)
+    print(f"highest task process: {top}, {peaks[top]:.0f} MB")
+    print(f"airflow_peak_rss_mb={peaks[top]:.0f} registered_ok={ok} estimate_error={first_error:.3f} "
           f"registered_name={name}")
     return 0 if ok else 1
 
