@@ -15,7 +15,6 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any, NoReturn
 
-from airflow.providers.cncf.kubernetes.operators.job import KubernetesJobOperator
 from airflow.sdk import BaseOperator
 
 
@@ -127,28 +126,31 @@ class SSHSubTaskOperator(LocalSubTaskOperator):
     ui_color = "#fff2cc"
 
 
-class KubernetesSubTaskOperator(KubernetesJobOperator):
+class KubernetesSubTaskOperator(BaseOperator):
     """Create the sub-task of a kubernetes cloud as an Indexed Job through the provider; returns its handle at once.
 
     The request is the engine's Job manifest (``crosscloud.backends.kubernetes``),
-    created with the cloud's Connection. Before it, the adapted image is pulled
-    on the pool's nodes (a DaemonSet, removed once every node is ready); after
-    it, the federation ConfigMap (and for several pods the rendezvous Service)
-    is applied, owned by the Job. Waiting for the pods is
-    ``KubernetesSubTaskWaitOperator``'s, so that the coordinator runs while they train.
+    created by the provider's ``KubernetesJobOperator`` with the cloud's
+    Connection. Before it, the adapted image is pulled on the pool's nodes (a
+    DaemonSet, removed once every node is ready); after it, the federation
+    ConfigMap (and for several pods the rendezvous Service) is applied, owned
+    by the Job. Waiting for the pods is ``KubernetesSubTaskWaitOperator``'s, so
+    that the coordinator runs while they train. The provider (and the kubernetes
+    clients, 80 MB) is imported only here, when a kubernetes cloud is
+    dispatched, not by every task process that parses the DAG.
     """
 
     template_fields: Sequence[str] = ("run", "cloud")
     ui_color = "#d0e0e3"
 
     def __init__(self, *, run: Any, cloud: str, prepull_timeout_s: float = 1800, **kwargs):
-        super().__init__(wait_until_job_complete=False, random_name_suffix=False, base_container_name="worker",
-                         get_logs=False, **kwargs)
+        super().__init__(**kwargs)
         self.run, self.cloud, self.prepull_timeout_s = run, cloud, prepull_timeout_s
+        self._job = None
 
     def prepare(self):
-        """The sub-task's spec, cloud and Job manifest; sets this operator's request fields from the manifest."""
-        from airflow.providers.cncf.kubernetes.operators.job import JOB_NAME_PREFIX
+        """The sub-task's spec, cloud, Job manifest, and the provider's operator that creates the Job from it."""
+        from airflow.providers.cncf.kubernetes.operators.job import JOB_NAME_PREFIX, KubernetesJobOperator
         from kubernetes.client import ApiClient
 
         from crosscloud.backends.kubernetes import job_manifest
@@ -159,14 +161,22 @@ class KubernetesSubTaskOperator(KubernetesJobOperator):
         spec = subtask_spec(plan, self.cloud, access=cloud.access.model_dump())  # keys come from the Secret, not env
         job = job_manifest(spec, cloud)
         meta, job_spec = job["metadata"], job["spec"]
-        self.kubernetes_conn_id = cloud.access.connection_id
-        self.namespace, self.labels, self.annotations = meta["namespace"], meta["labels"], meta["annotations"]
-        self.name = meta["name"].removeprefix(JOB_NAME_PREFIX)  # the provider puts the prefix back
-        self.completions, self.parallelism = job_spec["completions"], job_spec["parallelism"]
-        self.completion_mode, self.backoff_limit = job_spec["completionMode"], job_spec["backoffLimit"]
-        self.suspend, self.ttl_seconds_after_finished = job_spec.get("suspend", False), job_spec["ttlSecondsAfterFinished"]
-        self.full_job_spec = ApiClient()._ApiClient__deserialize(job, "V1Job")
-        return fed, plan, spec, cloud, job
+        # no XCom sidecar in the pods (do_xcom_push): the handle is this task's own result
+        op = KubernetesJobOperator(task_id=self.task_id, wait_until_job_complete=False, random_name_suffix=False,
+                                   base_container_name="worker", get_logs=False, do_xcom_push=False)
+        op.kubernetes_conn_id = cloud.access.connection_id
+        op.namespace, op.labels, op.annotations = meta["namespace"], meta["labels"], meta["annotations"]
+        op.name = meta["name"].removeprefix(JOB_NAME_PREFIX)  # the provider puts the prefix back
+        op.completions, op.parallelism = job_spec["completions"], job_spec["parallelism"]
+        op.completion_mode, op.backoff_limit = job_spec["completionMode"], job_spec["backoffLimit"]
+        op.suspend, op.ttl_seconds_after_finished = job_spec.get("suspend", False), job_spec["ttlSecondsAfterFinished"]
+        op.full_job_spec = ApiClient()._ApiClient__deserialize(job, "V1Job")
+        self._job = op
+        return fed, plan, spec, cloud, job, op
+
+    def on_kill(self) -> None:
+        if self._job is not None:
+            self._job.on_kill()
 
     def _prepull(self, api, cloud, accelerator: str, image: str) -> None:
         import time
@@ -197,24 +207,21 @@ class KubernetesSubTaskOperator(KubernetesJobOperator):
         from crosscloud.backends.kubernetes import KubernetesBackend, companion_manifests
         from crosscloud.pipeline.subtasks import check_warm
 
-        fed, plan, spec, cloud, job = self.prepare()
+        fed, plan, spec, cloud, job, op = self.prepare()
         check_warm(fed, plan, self.cloud)
         backend = KubernetesBackend()
         found = backend.find(spec.tenant, spec.run_id, spec.cloud, spec.access)
         if found is not None and backend.state(found) == "running":
             return found  # a retried dispatch must not start a second Job
-        api = self.hook.get_conn()
+        api = op.hook.get_conn()
         self._prepull(api, cloud, spec.accelerator, spec.image)
-        super().execute(context)
+        op.execute(context)
         # the pods wait for their ConfigMap (and rendezvous Service), which the Job owns: they go with it
-        uid = self.hook.get_job(job["metadata"]["name"], self.namespace).metadata.uid
+        uid = op.hook.get_job(job["metadata"]["name"], op.namespace).metadata.uid
         for manifest in companion_manifests(spec, cloud, Path(plan.federation_path).read_text(), job_uid=uid):
             utils.create_from_dict(api, manifest, namespace=manifest["metadata"]["namespace"], apply=True)
-        # the handle is this task's XCom result; the pod operator's do_xcom_push (an XCom sidecar in every pod)
-        # stayed off while the request was built
-        self.do_xcom_push = True
-        self.log.info("cloud %s: Job %s/%s created (%d pod(s))", self.cloud, self.namespace, job["metadata"]["name"],
-                      self.completions)
+        self.log.info("cloud %s: Job %s/%s created (%d pod(s))", self.cloud, op.namespace, job["metadata"]["name"],
+                      op.completions)
         return KubernetesBackend.handle(spec, cloud, job)
 
 

@@ -241,13 +241,13 @@ def test_operator_request_matches_the_federation(planned_run, cloud_name):
     ref, fed, plan = planned_run
     cloud = fed.cloud(cloud_name)
     op = KubernetesSubTaskOperator(task_id="dispatch_kubernetes", run=ref.to_dict(), cloud=cloud_name)
-    _, _, spec, _, manifest = op.prepare()
-    request = op.build_job_request_obj()  # what KubernetesJobOperator would send to the API server
+    _, _, spec, _, manifest, job_op = op.prepare()
+    request = job_op.build_job_request_obj()  # what the provider's KubernetesJobOperator sends to the API server
     sent = ApiClient().sanitize_for_serialization(request)
     validate(sent)
     assert SECRET not in json.dumps(sent)
     pool = cloud.pools[0]
-    assert op.kubernetes_conn_id == cloud.access.connection_id
+    assert job_op.kubernetes_conn_id == cloud.access.connection_id and not job_op.do_xcom_push  # no XCom sidecar
     assert request.metadata.name == manifest["metadata"]["name"] == job_name(spec)
     assert request.metadata.namespace == "crosscloud"
     assert request.metadata.labels["crosscloud.io/cloud"] == cloud_name
