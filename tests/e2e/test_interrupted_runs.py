@@ -25,7 +25,10 @@ from crosscloud.ledger import Ledger
 pytestmark = [pytest.mark.e2e, pytest.mark.faults, pytest.mark.slow]
 
 TENANT = "team-a"
-RUNNER = ("import sys; from crosscloud.core.job import JobSpec; from crosscloud.pipeline.stages import run_job; "
+# Ctrl-C's default meaning even where the test itself runs with SIGINT ignored (a background job of a
+# non-interactive shell, as a CI runner may start it), which a child would otherwise inherit
+RUNNER = ("import signal, sys; signal.signal(signal.SIGINT, signal.default_int_handler); "
+          "from crosscloud.core.job import JobSpec; from crosscloud.pipeline.stages import run_job; "
           "run_job(JobSpec(rounds=200, inner_steps=8, model_size='tiny', global_batch=12, seed=11), sys.argv[1], "
           "log=lambda m: None, compare_baseline=False)")
 
