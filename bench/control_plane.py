@@ -183,8 +183,7 @@ class BenchAirflow(AirflowStandalone):
 
     def failed_logs(self, dag_id: str, run_id: str, lines: int = 40) -> str:
         """The end of each failed task's log of a run."""
-        tis = self.api("GET", f"/dags/{dag_id}/dagRuns/{run_id}/taskInstances").json()["task_instances"]
-        failed = [t["task_id"] for t in tis if t["state"] in ("failed", "upstream_failed")]
+        failed = [t["task_id"] for t in self.task_instances(dag_id, run_id) if t["state"] in ("failed", "upstream_failed")]
         out = [f"failed tasks: {failed}; logs under {self.home / 'logs'}"]
         for task in failed:
             for log in sorted((self.home / "logs").glob(f"dag_id={dag_id}/run_id={run_id}/task_id={task}/**/*.log")):
@@ -193,8 +192,8 @@ class BenchAirflow(AirflowStandalone):
 
     def task_names(self, dag_id: str, run_id: str) -> dict[str, str]:
         """Task instance id -> task id (and map index) of a run's tasks."""
-        tis = self.api("GET", f"/dags/{dag_id}/dagRuns/{run_id}/taskInstances").json()["task_instances"]
-        return {t["id"]: t["task_id"] + (f"[{t['map_index']}]" if t["map_index"] >= 0 else "") for t in tis}
+        return {t["id"]: t["task_id"] + (f"[{t['map_index']}]" if t["map_index"] >= 0 else "")
+                for t in self.task_instances(dag_id, run_id)}
 
 
 def dag_run(server: BenchAirflow, dag_id: str, conf: dict, timeout_s: float) -> tuple[str, dict[str, float]]:

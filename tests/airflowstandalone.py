@@ -69,6 +69,12 @@ class AirflowAPI:
         return httpx.request(method, f"{self.url}/api/v2{path}", headers={"Authorization": f"Bearer {self.token()}"},
                              timeout=30, **kwargs)
 
+    def task_instances(self, dag_id: str, run_id: str) -> list[dict]:
+        """Every task instance of a run (each map index its own)."""
+        r = self.api("GET", f"/dags/{dag_id}/dagRuns/{run_id}/taskInstances", params={"limit": 100})
+        r.raise_for_status()
+        return r.json()["task_instances"]
+
     def trigger(self, dag_id: str, conf: dict, timeout_s: float = 300.0) -> str:
         """Unpause ``dag_id`` once the dag-processor has it (the other DAGs stay paused), trigger it; the run's id."""
         deadline = time.time() + timeout_s

@@ -112,11 +112,6 @@ class CeleryDeployment(AirflowAPI):
     def run_state(self, dag_id: str, run_id: str) -> str:
         return self.api("GET", f"/dags/{dag_id}/dagRuns/{run_id}").json()["state"]
 
-    def task_instances(self, dag_id: str, run_id: str) -> list[dict]:
-        r = self.api("GET", f"/dags/{dag_id}/dagRuns/{run_id}/taskInstances", params={"limit": 100})
-        r.raise_for_status()
-        return r.json()["task_instances"]
-
     def tries(self, dag_id: str, run_id: str, task_id: str, map_index: int = -1) -> list[dict]:
         """Every try of a task instance, with the host each ran on."""
         path = f"/dags/{dag_id}/dagRuns/{run_id}/taskInstances/{task_id}"

@@ -9,10 +9,13 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 from crosscloud.core.keys import validate_name
 from crosscloud.core.presets import PRESETS
+
+if TYPE_CHECKING:
+    from crosscloud.core.federation import Federation
 
 MODES = ("cross_cloud", "single_cluster")
 PLACEMENTS = ("spread", "auto")
@@ -192,6 +195,10 @@ class JobSpec:
     def dataset_name(self) -> str:
         """The dataset this job reads; admission settles an empty one to the program's own DATASET first."""
         return self.dataset or DEFAULT_DATASET
+
+    def usable_clouds(self, fed: Federation) -> list[str]:
+        """The clouds the job names, else every cloud its tenant has quota on."""
+        return self.clouds or [c for c, n in fed.tenant(self.tenant).quotas.items() if n > 0]
 
     def program_run_args(self) -> dict:
         """What the program reads as ``run.args``: the job's own knobs, overridden by its ``program_args``."""

@@ -37,7 +37,7 @@ def probe_spec(spec: JobSpec, cloud: str, batch: int) -> JobSpec:
     return dataclasses.replace(
         spec, clouds=[cloud], placement="spread", devices_per_cloud=1, mode="cross_cloud", rounds=1,
         inner_steps=spec.probe_steps, eval_every_steps=spec.probe_steps, global_batch=batch, probe_steps=0,
-        priority=spec.priority, deadline="", deferrable=False, adapt_shares=False, follow_prices=False)
+        deadline="", deferrable=False, adapt_shares=False, follow_prices=False)
 
 
 def probes(fed: Federation, spec: JobSpec, family: str, program_sha256: str, architecture: str,
@@ -47,7 +47,7 @@ def probes(fed: Federation, spec: JobSpec, family: str, program_sha256: str, arc
     if spec.probe_steps <= 0 or not architecture:
         return []
     known = ledger.figures.lookup(spec.tenant, program_sha256, architecture)
-    usable = spec.clouds or [c for c, n in fed.tenant(spec.tenant).quotas.items() if n > 0]
+    usable = spec.usable_clouds(fed)
     best: dict[str, tuple[float, str]] = {}
     for name in usable:
         for pool in fed.cloud(name).pools:

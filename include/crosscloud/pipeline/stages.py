@@ -69,7 +69,7 @@ def _check_runnable(fed: Federation, spec: JobSpec, family: str, sizing: Sizing)
     if ds.residency and fed.local_cloud.jurisdiction != ds.residency:
         raise PlacementError(f"dataset {ds.name} is resident in {ds.residency}; its held-out part cannot be evaluated on {fed.local_cloud.name}")
     preflight(fed, spec, family, sizing=sizing)
-    usable = spec.clouds or [c for c, n in fed.tenant(spec.tenant).quotas.items() if n > 0]
+    usable = spec.usable_clouds(fed)
     for name in usable:
         if fed.cloud(name).access.method == "local":
             require_single_host(f"cloud {name}'s access method local (sub-tasks as processes of the host that "
