@@ -12,14 +12,22 @@ tokens, seed), each a real run through the engine's stages:
 
 A run's final loss moves by about 1% with the draw of its batches alone (the
 single cluster's, seeds 0-2 of the data with one init: 1.974, 2.011, 1.997), so
-each repeat takes the next seed, the same for all three configurations, and the
-loss ratio is that of the means. The default run (80 rounds x 20 steps) goes on
+each repeat takes the next seed, the same for all three configurations; the
+table's losses are their means. The default run (80 rounds x 20 steps) goes on
 until the descent slows: a run stopped mid-descent compares how fast the two
 descend at that moment, not where they end (the rounds are some steps behind
 early on and catch up); the evaluations on the way show the ratio along the run.
 
-Prints a table and ends with
-``iteration_time_gap_pct=<(3) vs (1)> wan_penalty_pct=<(3) vs (2)> loss_ratio=<(3)/(1)> bytes_per_round=<WAN bytes of (3)>``.
+Each figure is computed per repeat, from the three configurations that ran one
+after another on that repeat's seed, and quoted as the median over repeats with
+its range (``spread.Spread``). The configurations share the machine's two
+cores with whatever else runs: the table's ``CPU/wall`` column is the CPU time
+each sub-task process got per second of its rounds (``cpu_s`` of its records),
+so a configuration that ran short of CPU shows. Prints a table (means over the
+repeats) and ends with
+``iteration_time_gap_pct=<(3) vs (1)> wan_penalty_pct=<(3) vs (2)> loss_ratio=<(3)/(1)> bytes_per_round=<WAN bytes
+of (3)>``, each with ``_range=<lo>..<hi>`` and ``_repeats=<n>``, and the first three with
+``_spread_wider_than_margin=<0|1>`` against their goals (3, 3, 1.02).
 ``--sweep`` adds the gap for several model sizes and link bandwidths.
 """
 
@@ -40,6 +48,9 @@ from crosscloud.core.job import LR_SCALINGS, JobSpec
 from crosscloud.core.paths import state_dir
 from crosscloud.pipeline.stages import run_job
 from crosscloud.run.baseline import gap_pct, iteration_time, round_seconds
+from spread import Spread
+
+GOALS = {"iteration_time_gap_pct": 3.0, "wan_penalty_pct": 3.0, "loss_ratio": 1.02}
 
 EXPERIMENT = "bench_gap"
 
@@ -98,6 +109,27 @@ def measure(history: list[dict], h: int, overlap: bool) -> dict:
         "wait_s": statistics.mean(part(r, ("wait_s",)) for r in rounds),
         "wan_bytes": statistics.mean(r.get("wan_bytes", 0) for r in rounds),
         "late_steps": statistics.mean(folds) if overlap else 0.0,
+        "cpu_share": cpu_share(rounds),
+    }
+
+
+def cpu_share(rounds: list[dict]) -> float:
+    """The CPU time a cloud's sub-task process got per second of its round (every thread; above 1 when the
+    exchange works beside training), mean over clouds and rounds: what the shared machine gave each configuration.
+    NaN for records without ``cpu_s``."""
+    shares = [c["cpu_s"] / total for r in rounds for c in r["clouds"].values()
+              if c.get("cpu_s") is not None and (total := c["wait_s"] + c["download_s"] + c["compute_s"] + c["upload_s"])]
+    return statistics.mean(shares) if shares else float("nan")
+
+
+def repeat_figures(runs: dict[str, list[dict]]) -> dict[str, Spread]:
+    """Each figure per repeat (the three configurations of a repeat ran one after another, on one seed), as a spread."""
+    per = list(zip(runs["single_sync"], runs["single_rounds"], runs["cross_cloud"]))
+    return {
+        "iteration_time_gap_pct": Spread.of(gap_pct(three["mean_s"], one["mean_s"]) for one, _, three in per),
+        "wan_penalty_pct": Spread.of(gap_pct(three["mean_s"], two["mean_s"]) for _, two, three in per),
+        "loss_ratio": Spread.of(three["loss"] / one["loss"] for one, _, three in per),
+        "bytes_per_round": Spread.of(three["wan_bytes"] for _, _, three in per),
     }
 
 
@@ -139,12 +171,12 @@ def loss_along(cross: list[dict], single: list[dict], points: int = 4) -> str:
 
 def table(results: dict[str, dict]) -> str:
     head = (f"{'configuration':<16}{'mean ms/step':>13}{'p95 ms/step':>12}{'compute s':>11}{'comm s':>8}{'wait s':>8}"
-            f"{'WAN bytes/rd':>14}{'global late':>12}{'eval loss':>10}")
+            f"{'WAN bytes/rd':>14}{'global late':>12}{'eval loss':>10}{'CPU/wall':>9}")
     rows = [head]
     for name, r in results.items():
         rows.append(
             f"{name:<16}{1000 * r['mean_s']:>13.1f}{1000 * r['p95_s']:>12.1f}{r['compute_s']:>11.2f}{r['comm_s']:>8.3f}"
-            f"{r['wait_s']:>8.3f}{r['wan_bytes']:>14.0f}{r['late_steps']:>12.1f}{r['loss']:>10.4f}"
+            f"{r['wait_s']:>8.3f}{r['wan_bytes']:>14.0f}{r['late_steps']:>12.1f}{r['loss']:>10.4f}{r['cpu_share']:>9.2f}"
         )
     return "\n".join(rows)
 
@@ -169,7 +201,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--no-overlap", action="store_true", help="blocking rounds, to see what overlapping buys")
     p.add_argument("--compression", default="int8", choices=["int8", "none"])
     p.add_argument("--repeats", type=int, default=3,
-                   help="run each configuration this many times, interleaved, with seeds seed, seed + 1, ...; figures are means")
+                   help="run each configuration this many times, interleaved, with seeds seed, seed + 1, ...; figures are medians")
     p.add_argument("--sweep", action="store_true", help="add the gap over model sizes and link bandwidths")
     p.add_argument("--sweep-sizes", nargs="+", default=["tiny", "small", "base"])
     p.add_argument("--sweep-bandwidths", nargs="+", type=float, default=[10.0, 100.0, 1000.0], metavar="MBPS")
@@ -199,21 +231,14 @@ def main(argv: list[str] | None = None) -> int:
     print(loss_along(runs["cross_cloud"], runs["single_sync"]))
     if args.sweep:
         print(sweep(base, folder, tag, args.rtt_ms, log, args.sweep_sizes, args.sweep_bandwidths))
-    one, two, three = results["single_sync"], results["single_rounds"], results["cross_cloud"]
-    figures = {
-        "iteration_time_gap_pct": gap_pct(three["mean_s"], one["mean_s"]),
-        "wan_penalty_pct": gap_pct(three["mean_s"], two["mean_s"]),
-        "loss_ratio": three["loss"] / one["loss"],
-        "bytes_per_round": three["wan_bytes"],
-    }
+    figures = repeat_figures(runs)
     # bench-scheduling takes a split job's penalty from here
     out = state_dir() / "bench" / "gap.json"
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps({**figures, "args": vars(args), "measured_at": tag}, indent=2))
-    print(
-        f"iteration_time_gap_pct={figures['iteration_time_gap_pct']:.2f} wan_penalty_pct={figures['wan_penalty_pct']:.2f} "
-        f"loss_ratio={figures['loss_ratio']:.4f} bytes_per_round={figures['bytes_per_round']:.0f}"
-    )
+    out.write_text(json.dumps({**{k: v.median for k, v in figures.items()}, "args": vars(args), "measured_at": tag},
+                              indent=2))
+    print(" ".join(v.fields(k, GOALS.get(k), 4 if k == "loss_ratio" else (0 if k == "bytes_per_round" else 2))
+                   for k, v in figures.items()))
     return 0
 
 

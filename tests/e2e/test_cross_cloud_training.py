@@ -64,6 +64,18 @@ def test_every_cloud_made_the_same_globals_and_kept_only_the_last_rounds(two_run
         assert set(read_commit(store, keys.global_step(CONF["rounds"]))["objects"]) == {"params.safetensors"}
 
 
+def test_rounds_report_their_cpu_time_and_their_evaluations_apart(two_runs):
+    """What bench-sdk and bench-gap account by: every round's CPU time, and the evaluations inside its seconds."""
+    home = open_store(load_federation().local_cloud)
+    history = json.loads(home.get(RunKeys("team-a", two_runs[0].run_id).history))
+    records = [(c, rec) for r in history for c, rec in r["clouds"].items()]
+    assert all(rec["cpu_s"] > 0 for _, rec in records)
+    assert all(0 <= rec["eval_s"] <= rec["wait_s"] + rec["download_s"] + rec["compute_s"] + rec["upload_s"]
+               for _, rec in records)
+    # one cloud evaluates (global 0 before round 0, then the globals the schedule asks for)
+    assert len({c for c, rec in records if rec["eval_s"] > 0}) == 1
+
+
 def test_training_lowers_eval_loss(two_runs):
     home = open_store(load_federation().local_cloud)
     summary = _store_json(home, RunKeys("team-a", two_runs[0].run_id).summary)

@@ -19,7 +19,7 @@ from crosscloud.store.digest import IntegrityError
 from crosscloud.store.open_store import open_store
 from crosscloud.store.tensors import from_bytes, to_bytes
 from crosscloud.training import devices
-from crosscloud.training.resume import latest_state
+from crosscloud.training.resume import CloudState, latest_state, save_state
 from crosscloud.training.session import parameters
 
 pytestmark = pytest.mark.program
@@ -152,12 +152,35 @@ def test_diloco_commits_the_round_and_resume_gives_everything_back(environment):
     assert torch.equal(again.embed.weight, model.embed.weight)
     saved, now = again_opt.state_dict(), opt.state_dict()
     assert torch.equal(saved["state"][0]["exp_avg"], now["state"][0]["exp_avg"]) and saved["param_groups"] == now["param_groups"]
-    assert latest_state(store, plan.keys, "beijing").round == 0
+    state = latest_state(store, plan.keys, "beijing")
+    assert state.round == 0 and torch.equal(state.known_params["embed.weight"], start.embed.weight)
+    # the state names the global it holds (its cloud's committed copy) instead of writing it again
+    state_commit = read_commit(store, plan.keys.cloud_state("beijing", 0))
+    assert state_commit["objects"]["known.safetensors"] == read_commit(store, plan.keys.global_step(0))["objects"][
+        "params.safetensors"]
+    assert not any(n.startswith("known/") for n in from_bytes(read_object(store, state_commit, "state.safetensors")))
     # the cloud reduced its round itself, and the home cloud evaluated the start and the end with the program's evaluate
     evals = {g: json.loads(store.get(plan.keys.evaluation(g)))["eval_loss"] for g in (0, 1)}
     assert evals[0] == pytest.approx(float(start.embed.weight.sum()))
     assert evals[1] == pytest.approx(float(model.embed.weight.sum()))
     assert read_commit(store, plan.keys.global_step(1))["meta"]["members"] == ["beijing"]
+
+
+def test_a_state_that_names_its_global_resumes_exactly_and_refuses_a_changed_one(environment):
+    plan, store = _plan("sdk-state", JobSpec())
+    known = {"w": torch.randn(64), "b": torch.randn(3)}
+    entry = write_step(store, plan.keys.global_step(4), {"params.safetensors": to_bytes(known)})["objects"][
+        "params.safetensors"]
+    params, own = {n: t + 1 for n, t in known.items()}, {n: torch.randn_like(t) for n, t in known.items()}
+    save_state(store, plan.keys, "beijing", CloudState(
+        round=4, steps=40, params=params, optimizer={"state": {}, "param_groups": []}, known_round=4,
+        known_params=known, own={4: own}, drift={}, metas={4: {}}, share=6), known=entry)
+    state = latest_state(store, plan.keys, "beijing")
+    assert all(torch.equal(state.known_params[n], known[n]) and torch.equal(state.params[n], params[n])
+               and torch.equal(state.own[4][n], own[n]) for n in known)
+    store.put(entry["key"], to_bytes({n: t * 2 for n, t in known.items()}))  # the named global is not what it was
+    with pytest.raises(IntegrityError):
+        latest_state(store, plan.keys, "beijing")
 
 
 def test_a_committed_step_is_never_written_again(environment):

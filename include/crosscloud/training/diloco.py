@@ -30,7 +30,7 @@ from crosscloud.core.job import local_lr
 from crosscloud.store.commit import put_object, read_commit, write_step
 from crosscloud.store.network import store_seen_from
 from crosscloud.store.tensors import to_bytes
-from crosscloud.training.checkpoint import global_params
+from crosscloud.training.checkpoint import PARAMS, global_params
 from crosscloud.training.compression import ErrorFeedback
 from crosscloud.training.devices import peak_memory_gb
 from crosscloud.training.exchange.cloud import CloudExchange, RoundResult, spool_folder, write_evaluation
@@ -95,6 +95,8 @@ class DiLoCo:
         self.made: RoundResult | None = None  # the last exchange's result, reported with the next round's commit
         self.restored: dict = {}  # after a restart: what the cloud's commit of its last global says of it
         self._evaluate = None
+        self.eval_s = self.eval_cpu_s = 0.0  # the program's evaluate since the last commit: reported apart
+        self._cpu = 0.0  # the process's CPU time at the last commit: what the rounds cost, whatever else ran
 
     # -- the program's side --------------------------------------------------------
     def __enter__(self) -> DiLoCo:
@@ -142,6 +144,7 @@ class DiLoCo:
         if self.run.cloud == self.plan.coordinator_cloud:
             self._evaluate_global(0)
         self.ready = {"wait_s": time.perf_counter() - t0, "download_s": 0.0}
+        self._cpu = time.process_time()
         self._begin_round(0)
         self._skip_idle()
 
@@ -154,6 +157,7 @@ class DiLoCo:
         if self.feedback:
             self.feedback.residual = state.residual
         self.base = _fp32(self.model)
+        self._cpu = time.process_time()
         if self.exchange:
             self.restored = self.exchange.restore(state.known_round)  # reported with the next commit, as if just made
         self._commit(state.round, state.own[state.round], RoundWork(started_at=time.time()), restored=True)
@@ -196,10 +200,15 @@ class DiLoCo:
         if self.run.rank == 0:
             ts = time.perf_counter()
             self.exchange.published()  # the state names global r: its copy (and momentum) is committed first
-            save_state(self.run.store, self.keys, self.run.cloud, self._state(r, params))
+            save_state(self.run.store, self.keys, self.run.cloud, self._state(r, params), known=self._known_object())
             work.state_s = time.perf_counter() - ts
         self._commit(r, progress, work)
         self._after_round(r)
+
+    def _known_object(self) -> dict | None:
+        """The global folded in last, as this cloud's store holds it: the state names it instead of a copy."""
+        commit = read_commit(self.run.store, self.keys.global_step(self.known.round))
+        return commit["objects"].get(PARAMS) if commit else None
 
     def _state(self, r: int, params: dict[str, torch.Tensor]) -> CloudState:
         return CloudState(
@@ -226,8 +235,12 @@ class DiLoCo:
                 "round": r, "cloud": self.run.cloud, "samples": self.share * self.spec.inner_steps,
                 "losses": losses, "step_s": work.step_s, "compute_s": work.compute_s, "folded_at_step": work.folded_at,
                 "cap": self.cap["cap"], "started_at": work.started_at, "exchange": self._made(), **self.ready,
+                "eval_s": self.eval_s, "eval_cpu_s": self.eval_cpu_s,  # inside the round's figures: the evaluations
+                "cpu_s": time.process_time() - self._cpu,  # the process's, every thread, since the last commit
                 "peak_memory_gb": peak_memory_gb(self.run.device), "batch": self.run.batch_size,
                 "upload_s": time.perf_counter() - t + work.state_s})  # the round's writes: its state and its delta
+        self.eval_s = self.eval_cpu_s = 0.0
+        self._cpu = time.process_time()
         self.inflight = _beside(self._exchange, r, self.known.params)
         line = (f"round {r}: trained before the restart, committed" if restored and self.share > 0 else
                 round_line(r, losses, work, self.cap, self.ready, self.spec.inner_steps))
@@ -350,7 +363,7 @@ class DiLoCo:
             self._evaluate, self.run.eval_batches = module.evaluate, getattr(module, "EVAL_BATCHES", None)
         saved = {n: p.detach().clone() for n, p in parameters(self.model).items()}
         load_params(self.model, self.known.params)
-        loss, error = math.nan, ""
+        loss, error, t0, c0 = math.nan, "", time.perf_counter(), time.process_time()
         try:
             with torch.no_grad(), time_limit(self.spec.eval_timeout_s, f"evaluate of global {global_}"):
                 loss = float(self._evaluate(self.model, self.run))
@@ -360,6 +373,8 @@ class DiLoCo:
             error = f"evaluate of global {global_} raised {type(exc).__name__}: {exc}"
             traceback.print_exc()
         finally:
+            self.eval_s += time.perf_counter() - t0
+            self.eval_cpu_s += time.process_time() - c0
             load_params(self.model, saved)
         write_evaluation(self.exchange.decider.home, self.plan, global_, self.run.cloud, loss, error)
         print(f"global {global_}: " + (f"evaluation failed: {error}" if error else f"eval loss {loss:.4f}"), flush=True)

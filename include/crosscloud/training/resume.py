@@ -9,7 +9,11 @@ commit is missing (compressing again from that residual gives the same bytes),
 and goes on with round r + 1. Older states are deleted; only the last is kept.
 
 Everything is safetensors and JSON, like every other object of the exchange:
-the optimizer's state is flattened into both, never pickled.
+the optimizer's state is flattened into both, never pickled. The newest
+global folded in is not written again: the cloud's own store holds it already
+(its commit of that global), and the state's commit names that object (a
+``ref``, verified by its sha256 when read back). Retention keeps at least the
+last two globals, so the global the newest state names outlives it.
 """
 
 from __future__ import annotations
@@ -24,7 +28,7 @@ from crosscloud.store.base import ObjectStore
 from crosscloud.store.commit import read_commit, read_object, write_step
 from crosscloud.store.tensors import from_bytes, to_bytes
 
-TENSORS, META = "state.safetensors", "state.json"
+TENSORS, META, KNOWN = "state.safetensors", "state.json", "known.safetensors"
 
 
 @dataclass
@@ -80,16 +84,21 @@ def _listed(store: ObjectStore, folder: str) -> list[str]:
     return [k for k in store.list(folder.rstrip("/")) if k.startswith(folder)]
 
 
-def save_state(store: ObjectStore, keys: RunKeys, cloud: str, state: CloudState) -> None:
-    """Commit ``state`` as the cloud's newest, then delete the ones before it."""
+def save_state(store: ObjectStore, keys: RunKeys, cloud: str, state: CloudState, known: dict | None = None) -> None:
+    """Commit ``state`` as the cloud's newest, then delete the ones before it.
+
+    ``known``: the committed object (key, size, sha256) in ``store`` that holds
+    ``state.known_params`` byte for byte, named instead of written again.
+    """
     opt_tensors, opt_meta = _flatten_optimizer(state.optimizer)
-    tensors = {**_prefixed("params", state.params), **_prefixed("known", state.known_params),
+    tensors = {**_prefixed("params", state.params), **({} if known else _prefixed("known", state.known_params)),
                **_prefixed("drift", state.drift), **_prefixed("residual", state.residual), **opt_tensors,
                **{k: v for r, own in state.own.items() for k, v in _prefixed(f"own{r}", own).items()}}
     meta = {"round": state.round, "steps": state.steps, "known_round": state.known_round, "own": sorted(state.own),
             "metas": {str(r): m for r, m in state.metas.items()}, "share": state.share, "optimizer": opt_meta}
     step = keys.cloud_state(cloud, state.round)
-    write_step(store, step, {TENSORS: to_bytes(tensors), META: json.dumps(meta, sort_keys=True).encode()})
+    write_step(store, step, {TENSORS: to_bytes(tensors), META: json.dumps(meta, sort_keys=True).encode()},
+               refs={KNOWN: known} if known else None)
     for key in _listed(store, f"{keys.root}/state/{cloud}/"):
         parts = key[len(f"{keys.root}/state/{cloud}/"):].split("/")
         if parts[0].isdigit() and int(parts[0]) < state.round:
@@ -110,7 +119,8 @@ def latest_state(store: ObjectStore, keys: RunKeys, cloud: str) -> CloudState | 
         return CloudState(
             round=meta["round"], steps=meta["steps"], params=_part(tensors, "params"),
             optimizer=_unflatten_optimizer(tensors, meta["optimizer"]), known_round=meta["known_round"],
-            known_params=_part(tensors, "known"), own={r: _part(tensors, f"own{r}") for r in meta["own"]},
+            known_params=(from_bytes(read_object(store, commit, KNOWN)) if KNOWN in commit["objects"]
+                          else _part(tensors, "known")), own={r: _part(tensors, f"own{r}") for r in meta["own"]},
             drift=_part(tensors, "drift"), metas={int(r): m for r, m in meta["metas"].items()},
             residual=_part(tensors, "residual"), share=meta["share"],
         )
