@@ -66,8 +66,11 @@ job's own defaults are 1.0 / 0, which write no momentum), no evaluation due.
   the WAN part separately.
 - exchange wall time: ``CloudExchange.round`` from call to return, the time
   training waits for the global (decide; fetch: every member's delta
-  downloaded and inspected, all at once; screen and reduce, the digest hashed
-  as the global is written). ``CloudExchange.publish`` (upload of the cloud's
+  downloaded, all at once, and folded in as it lands, the digest hashed as
+  the global is written, then the screen; reduce: the round reduced again
+  when the screen refused a folded contribution, else 0). ``--blocking``
+  measures the reduce that waits for every delta (fetch: downloaded and
+  inspected; reduce: screen and reduce after). ``CloudExchange.publish`` (upload of the cloud's
   copy, commit, retention) runs beside training in a sub-task; it is timed on
   its own (``publish_s``) and its memory is in the peak.
 - link-rate time: the bytes the cloud moved over the WAN / the link's
@@ -78,7 +81,8 @@ job's own defaults are 1.0 / 0, which write no momentum), no evaluation due.
   copies of what it publishes to the others. Each peer has a link of its own,
   so a fetch that read the peers in parallel could go below 1.
 - exchange_vs_link_bound: sum of a cloud's round wall times / sum of their
-  link-rate times.
+  link-rate times. Streamed, the column ``Σdownl`` is the slowest download's
+  own time (ranged reads and the hashing along them) of the round.
 
 The table has one row per cloud (and per design) per (P, N), with the
 exchange's parts in mean seconds per round: ``decide_s``, ``fetch_s``,
@@ -305,7 +309,7 @@ def cloud_role(job: dict) -> dict:
     transfer.file_sha256 = _timed(timers, "sha256_s", transfer.file_sha256, lock)
     xc.file_sha256 = transfer.file_sha256
     exchange = xc.CloudExchange(plan, job["cloud"], stores, Path(job["spool"]),
-                                log=lambda m: print(m, file=sys.stderr))
+                                log=lambda m: print(m, file=sys.stderr), stream=not job.get("blocking"))
     gc.collect()
     base, rounds = rss(), []
     for r in range(job["rounds"]):
@@ -565,6 +569,8 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     a.add_argument("--outer-momentum", type=float, default=0.9)
     a.add_argument("--spool", default=None, help="folder for the clouds' stores and spools (default: the temporary folder)")
     a.add_argument("--quick", action="store_true", help="P = 1 M, N = 2: a check in seconds")
+    a.add_argument("--blocking", action="store_true",
+                   help="the reduce that waits for every delta (CloudExchange(stream=False)), for comparison")
     a.add_argument("--role", choices=sorted(ROLES), help=argparse.SUPPRESS)
     a.add_argument("--job", help=argparse.SUPPRESS)
     return a.parse_args(argv)
@@ -579,13 +585,13 @@ def main(argv: list[str] | None = None) -> int:
     ns = [2] if args.quick else [int(s) for s in args.clouds.split(",")]
     cfg = {"bandwidth_mbps": args.bandwidth_mbps, "latency_ms": args.latency_ms, "seed": args.seed,
            "compression": args.compression, "rounds": args.rounds, "outer_lr": args.outer_lr,
-           "outer_momentum": args.outer_momentum}
+           "outer_momentum": args.outer_momentum, "blocking": args.blocking}
     if args.spool:
         Path(args.spool).mkdir(parents=True, exist_ok=True)
     root = Path(tempfile.mkdtemp(prefix="crosscloud-bench-exchange-", dir=args.spool))
     print(f"round exchange: P {sizes}, N {ns}, {args.rounds} round(s), {args.compression}, links "
           f"{args.bandwidth_mbps:g} Mbit/s {args.latency_ms:g} ms, outer lr {args.outer_lr:g} momentum "
-          f"{args.outer_momentum:g}, {os.cpu_count()} CPUs (load {os.getloadavg()[0]:.2f}), "
+          f"{args.outer_momentum:g}, {'blocking' if args.blocking else 'streamed'} reduce, {os.cpu_count()} CPUs (load {os.getloadavg()[0]:.2f}), "
           f"{available_bytes() / 2**30:.1f} GiB available, in {root}")
     print("(MB = 10^6 bytes; read/wrote per cloud per round; seconds per round; exchange parts: mean s per round)")
     print(HEADER, flush=True)

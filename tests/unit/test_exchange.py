@@ -195,3 +195,72 @@ def test_the_watcher_records_decided_rounds_from_the_home_store_alone(tmp_path):
     [record] = Watcher(plan, stores, handles=[], log=lambda m: None).act()  # a new watcher picks up the same round
     assert record["round"] == 0 and record["eval_loss"] == 2.5 and record["digests_agree"]
     assert set(record["digests"]) == set(CLOUDS) and record["wan_bytes"] > 0
+
+
+class _Landing:
+    """A cloud's store as another cloud reads it: each ranged read late by a seeded random delay (so the deltas land
+    in a different order each time), and optionally damaged in transit on its first read (a read again mends it)."""
+
+    def __init__(self, inner, seed: int, damaged_once: bool = False):
+        import random
+
+        self.inner, self.rng, self.damaged, self.lock = inner, random.Random(seed), damaged_once, threading.Lock()
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+    def get_range(self, key, start, length):
+        with self.lock:
+            delay, damage = self.rng.uniform(0, 0.004), self.damaged and start == 1024  # a part of the values
+            self.damaged = self.damaged and start != 1024
+        time.sleep(delay)
+        data = self.inner.get_range(key, start, length)
+        return bytes([data[0] ^ 1]) + data[1:] if damage and data else data
+
+
+def _faulty_round(plan, stores, r: int) -> None:
+    """Round ``r``'s deltas, one fault a round: singapore's poisoned (an outlier norm: only the screen refuses it,
+    once every norm is known), shanghai's not finite (float32), then of the wrong shape."""
+    deltas = _deltas(r)
+    if r == 1:
+        deltas["singapore"] = {n: 1000.0 * t for n, t in deltas["singapore"].items()}
+    if r == 2:
+        deltas["shanghai"]["norm"][2] = float("nan")
+    if r == 3:
+        deltas["shanghai"]["embed"] = deltas["shanghai"]["embed"][:32]
+    for c, d in deltas.items():
+        _commit_delta(plan, stores[c], c, r, d, int8=r != 2)
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2, 3])
+def test_the_streamed_exchange_makes_the_blocking_global_bit_for_bit_refusals_included(tmp_path, monkeypatch, seed):
+    from crosscloud.training.exchange import reduce as reduce_module
+    from crosscloud.training.exchange import transfer
+
+    monkeypatch.setattr(transfer, "PART", 512)  # many parts and fragments: the fold trails the downloads
+    monkeypatch.setattr(reduce_module, "FRAGMENT", 96)
+    plan, stores = _plan(tmp_path, JobSpec(rounds=5, compression="int8", outer_momentum=0.9, outer_lr=0.7))
+    for r in range(4):
+        if r == 0:
+            for c, d in _deltas(0).items():
+                _commit_delta(plan, stores[c], c, 0, d)
+        else:
+            _faulty_round(plan, stores, r)
+    landing = {c: _Landing(s, seed * 10 + i, damaged_once=c == "singapore") if c != "beijing" else s
+               for i, (c, s) in enumerate(stores.items())}
+    blocking = CloudExchange(plan, "beijing", stores, tmp_path / "blocking", log=lambda m: None, stream=False)
+    streamed = CloudExchange(plan, "beijing", landing, tmp_path / "streamed", log=lambda m: None)
+    known_b, known_s, refused = _model(), _model(), []
+    for r in range(4):
+        want, got = blocking.round(r, known_b), streamed.round(r, known_s)
+        refused.append(want.refused)
+        assert got.stats["streamed"] and not want.stats["streamed"]
+        assert got.params.read_bytes() == want.params.read_bytes() and got.digest == want.digest
+        assert got.refused == want.refused
+        assert got.momentum.read_bytes() == want.momentum.read_bytes()  # the next round starts from the same
+        for known, result in ((known_b, want), (known_s, got)):
+            with TensorFile(result.params) as f:
+                for n, t in known.items():
+                    t.copy_(f.read(n).view(t.shape))
+    assert [sorted(x) for x in refused] == [[], ["singapore"], ["shanghai"], ["shanghai"]]
+    assert "norm" in refused[1]["singapore"] and "NaN" in refused[2]["shanghai"] and "expected" in refused[3]["shanghai"]

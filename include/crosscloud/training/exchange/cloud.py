@@ -27,9 +27,9 @@ from crosscloud.store.commit import read_commit, write_step
 from crosscloud.store.digest import IntegrityError
 from crosscloud.training.checkpoint import PARAMS
 from crosscloud.training.exchange.members import Members, RoundDecider, global_report
-from crosscloud.training.exchange.reduce import Delta, inspect, reduce, screen
+from crosscloud.training.exchange.reduce import Delta, inspect, norm_of, reduce, screen
 from crosscloud.training.exchange.tensorfile import TensorFile, TensorFileError, TensorFileWriter
-from crosscloud.training.exchange.transfer import download, file_sha256, upload
+from crosscloud.training.exchange.transfer import Download, download, file_sha256, upload
 from crosscloud.training.outer import outer_config
 from crosscloud.training.stopped import Stopped
 
@@ -54,12 +54,14 @@ class CloudExchange:
     """The exchange of cloud ``cloud``; ``stores`` are every run cloud's store as this cloud reaches them."""
 
     def __init__(self, plan: Plan, cloud: str, stores: dict[str, ObjectStore], spool: Path,
-                 device: torch.device | None = None, log=print):
+                 device: torch.device | None = None, log=print, stream: bool = True):
         self.plan, self.cloud, self.stores, self.own = plan, cloud, stores, stores[cloud]
         self.spool, self.device, self.log = Path(spool), device or torch.device("cpu"), log
+        self.stream = stream  # fold each delta in as it lands (False: after every one is in and inspected)
         self.decider = RoundDecider(plan, cloud, stores, log)
         self.momentum: Path | None = None  # the outer momentum of the newest global, when the outer step has any
         self.last: RoundResult | None = None  # the round made last: its file stays until the next round
+        self._spares: dict[str, Path] = {}  # "global"/"momentum": files done with, written over by the next round
         self._publishing: threading.Thread | None = None
         self._publish_error: BaseException | None = None
 
@@ -83,8 +85,8 @@ class CloudExchange:
         Training can fold it in at once; ``publish`` then commits the cloud's copy.
         """
         self.published()  # the round before is committed (and its file no longer read) before this one starts
-        if self.last is not None:
-            self.last.params.unlink(missing_ok=True)
+        if self.last is not None:  # written over by this round's global
+            self._spare(self.last.params)
         t0 = time.perf_counter()
         members = self.decider.decide(r)
         if self.cloud in members.gone:
@@ -93,23 +95,41 @@ class CloudExchange:
         t1 = time.perf_counter()
         folder = self.spool / f"round-{r}"
         layout = {n: (torch.float32, tuple(t.shape)) for n, t in known.items()}
-        deltas, norms, refused, read = self._fetch(members, folder, layout)
-        t2 = time.perf_counter()
         try:
-            refused.update(screen(norms, members.shares))
-            accepted = {c: d for c, d in deltas.items() if c not in refused}
-            if not accepted:
-                raise IntegrityError(f"round {r}: every contribution was refused: {refused}")
-            params, momentum = self._reduce(r, accepted, members, known, layout)
+            if self.stream:
+                params, momentum, refused, read, stats = self._streamed(r, members, folder, layout, known)
+            else:
+                params, momentum, refused, read, stats = self._blocking(r, members, folder, layout, known)
         finally:
-            for d in deltas.values():
-                d.close()
             shutil.rmtree(folder, ignore_errors=True)
-        stats = {"decide_s": t1 - t0, "fetch_s": t2 - t1, "reduce_s": time.perf_counter() - t2, "read_bytes": read}
+        self._adopt(momentum)
+        stats = {"decide_s": t1 - t0, **stats, "reduce_s": time.perf_counter() - t1 - stats["fetch_s"],
+                 "read_bytes": read}
         self.last = RoundResult(members=members, params=params.close(), digest=params.digest or file_sha256(params.path),
                                 refused=refused, stats=stats, momentum=momentum and momentum.close(),
                                 momentum_digest=momentum.digest if momentum else None)
         return self.last
+
+    def _blocking(self, r: int, members: Members, folder: Path, layout: dict, known: dict[str, torch.Tensor]):
+        """Every delta in and inspected, then screened, then reduced: the reference the streamed round equals."""
+        t = time.perf_counter()
+        deltas, norms, refused, read = self._fetch(members, folder, layout)
+        stats = {"fetch_s": time.perf_counter() - t, "streamed": False}
+        try:
+            params, momentum = self._screened_reduce(r, members, deltas, norms, refused, known, layout)
+        finally:
+            for d in deltas.values():
+                d.close()
+        return params, momentum, refused, read, stats
+
+    def _screened_reduce(self, r: int, members: Members, deltas: dict[str, Delta], norms: dict[str, float],
+                         refused: dict[str, str], known: dict[str, torch.Tensor], layout: dict):
+        """The norm screen over the well-formed deltas (``refused`` gains its refusals), then the reduce of the rest."""
+        refused.update(screen(norms, members.shares))
+        accepted = {c: d for c, d in deltas.items() if c not in refused}
+        if not accepted:
+            raise IntegrityError(f"round {r}: every contribution was refused: {refused}")
+        return self._reduce(r, accepted, members, known, layout)
 
     def publish(self, result: RoundResult, wait: bool = True) -> None:
         """Commit this cloud's copy of the global ``result`` made, then delete what no reader needs any more.
@@ -146,6 +166,8 @@ class CloudExchange:
         self.published()
         if self.last is not None:
             self.last.params.unlink(missing_ok=True)
+        for spare in self._spares.values():
+            spare.unlink(missing_ok=True)
 
     def _fetch(self, members: Members, folder: Path,
                layout: dict) -> tuple[dict[str, Delta], dict[str, float], dict[str, str], int]:
@@ -181,12 +203,95 @@ class CloudExchange:
                    if cloud != self.cloud and c["entry"] is not None)
         return deltas, norms, refused, read
 
-    def _reduce(self, r: int, accepted: dict[str, Delta], members: Members,
-                known: dict[str, torch.Tensor], layout: dict) -> tuple[TensorFileWriter, TensorFileWriter | None]:
+    def _streamed(self, r: int, members: Members, folder: Path, layout: dict, known: dict[str, torch.Tensor]):
+        """Every delta folded in as it lands, then screened; the same bytes as ``_blocking``, refusals included.
+
+        Every member's download starts at once, and the reduce reads each
+        fragment of every well-formed delta behind its download, in the blocking
+        order (tensors and clouds sorted), summing each delta's squares on the
+        way. The screen can only be judged once every norm is known: when it
+        (or a delta found not finite, or a download read again or failed)
+        refuses a contribution that was folded, the round is reduced again from
+        the local files, as ``_blocking`` reduces it. Either way the same
+        contributions are dropped, and the global has the same bytes.
+        """
+        t = time.perf_counter()
+        refused: dict[str, str] = {}
+        loads = {c: Download(self.stores[c], e["entry"], folder / f"{c}.safetensors")
+                 for c, e in sorted(members.contributions.items()) if e["entry"] is not None}
+        refused.update({c: f"cloud {c}: its commit lists no pseudo-gradient"
+                        for c, e in members.contributions.items() if e["entry"] is None})
+        deltas = self._landing(loads, layout, refused)
+        read = sum(int(c["entry"]["size"]) for cloud, c in members.contributions.items()
+                   if cloud != self.cloud and c["entry"] is not None)
+        try:
+            squares: dict[str, dict[str, float]] = {}
+            try:
+                if not deltas:
+                    raise IntegrityError(f"round {r}: every contribution was refused: {refused}")
+                params, momentum = self._reduce(r, deltas, members, known, layout, squares)
+            except (IntegrityError, TensorFileError):  # a download refused mid-fold: judged below, as blocking would
+                params = momentum = None
+            norms = self._judged(loads, deltas, squares, layout, refused)
+            stats = {"fetch_s": time.perf_counter() - t, "streamed": True, "reduced_again": False,
+                     "download_s": max((load.seconds for load in loads.values()), default=0.0)}
+            if (params is None or set(deltas) - set(norms) or screen(norms, members.shares)
+                    or any(load.attempts > 1 for load in loads.values())):
+                stats["reduced_again"] = True
+                for writer in (params, momentum):
+                    if writer is not None:
+                        writer.close()
+                params, momentum = self._screened_reduce(r, members, {c: deltas[c] for c in norms}, norms, refused,
+                                                         known, layout)
+        finally:
+            for d in deltas.values():
+                d.close()
+        return params, momentum, refused, read, stats
+
+    def _landing(self, loads: dict[str, Download], layout: dict, refused: dict[str, str]) -> dict[str, Delta]:
+        """Each download's delta, opened once its header is in and checked against the model's layout.
+
+        A header that does not check out is judged again on the verified file
+        (a read again may have mended it), as the blocking round judges it.
+        """
+        deltas = {}
+        for cloud, load in loads.items():
+            try:
+                try:
+                    deltas[cloud] = _checked(Delta.landing(cloud, load.path, load.wait), layout)
+                except (IntegrityError, TensorFileError):
+                    load.result()
+                    deltas[cloud] = _checked(Delta(cloud, load.path), layout)
+            except (IntegrityError, TensorFileError) as exc:
+                refused[cloud] = str(exc)
+        return deltas
+
+    def _judged(self, loads: dict[str, Download], deltas: dict[str, Delta], squares: dict[str, dict[str, float]],
+                layout: dict, refused: dict[str, str]) -> dict[str, float]:
+        """Every folded delta's norm, once its download is verified; ``refused`` gains the ones that failed.
+
+        A delta read more than once was folded (in part) from bytes that were
+        not its own: its norm is taken again from the verified file.
+        """
+        norms = {}
+        for cloud, delta in deltas.items():
+            try:
+                loads[cloud].result()
+                delta.wait = None
+                sums = squares.get(cloud, {})
+                norms[cloud] = (inspect(delta, layout) if loads[cloud].attempts > 1 or set(sums) != set(layout)
+                                else norm_of(cloud, sums, layout))
+            except (IntegrityError, TensorFileError) as exc:
+                refused[cloud] = str(exc)
+        return norms
+
+    def _reduce(self, r: int, accepted: dict[str, Delta], members: Members, known: dict[str, torch.Tensor],
+                layout: dict, squares: dict | None = None) -> tuple[TensorFileWriter, TensorFileWriter | None]:
         """The new global (and momentum) written by the reduce, each writer still open for its ``close``."""
         cfg = outer_config(self.plan, r)
-        params = TensorFileWriter(self.spool / f"global-{r + 1}.safetensors", layout)
-        momentum_out = TensorFileWriter(self.spool / f"momentum-{r + 1}.safetensors", layout) if cfg.momentum else None
+        params = TensorFileWriter(self._recycled(self.spool / f"global-{r + 1}.safetensors"), layout, reuse=True)
+        momentum_out = (TensorFileWriter(self._recycled(self.spool / f"momentum-{r + 1}.safetensors"), layout, reuse=True)
+                        if cfg.momentum else None)
         momentum_in = TensorFile(self.momentum) if self.momentum and cfg.momentum else None
         try:
             weights = {c: float(members.shares.get(c, 0)) for c in accepted}
@@ -194,14 +299,40 @@ class CloudExchange:
                 weights = {c: 1.0 for c in accepted}
             half = len(known) // 2 or 1
             reduce(accepted, weights, known, cfg, params, momentum_in, momentum_out, self.device,
-                   after=lambda done: done == half and failpoints.hit("reduce", self.cloud, r, self.spool))
+                   after=lambda done: done == half and failpoints.hit("reduce", self.cloud, r, self.spool),
+                   squares=squares)
+        except BaseException:
+            params.close()
+            if momentum_out:
+                momentum_out.close()
+            raise
         finally:
             if momentum_in:
                 momentum_in.close()
-        if self.momentum and momentum_out and self.momentum != momentum_out.path:
-            self.momentum.unlink(missing_ok=True)  # read: the new one replaces it
-        self.momentum = momentum_out.path if momentum_out else None
         return params, momentum_out
+
+    def _adopt(self, momentum_out: TensorFileWriter | None) -> None:
+        """The round's momentum replaces the one it was made from, which the next round's is written over."""
+        if self.momentum and momentum_out and self.momentum != momentum_out.path:
+            self._spare(self.momentum)
+        self.momentum = momentum_out.path if momentum_out else None
+
+    def _spare(self, path: Path) -> None:
+        """A file no reader needs any more, kept to be written over (``_recycled``): one of each kind at most."""
+        kind = path.name.split("-")[0]
+        old = self._spares.get(kind)
+        if old is not None and old != path:
+            old.unlink(missing_ok=True)
+        self._spares[kind] = path
+
+    def _recycled(self, path: Path) -> Path:
+        """``path``, taken over from a spare file of its kind when there is one and ``path`` is not there yet."""
+        spare = self._spares.pop(path.name.split("-")[0], None)
+        if spare is not None and spare != path and spare.exists() and not path.exists():
+            os.replace(spare, path)
+        elif spare is not None and spare != path:
+            spare.unlink(missing_ok=True)
+        return path
 
     def _publish(self, result: RoundResult) -> int:
         """Commit global ``r + 1`` in the own store; a restarted cloud finds it committed and checks the digest."""
@@ -239,6 +370,16 @@ class CloudExchange:
                         self.own.delete(key)
             except StoreError as exc:  # left for the run's end: a retention failure never stops training
                 self.log(f"retention: {step}: {exc}")
+
+
+def _checked(delta: Delta, layout: dict) -> Delta:
+    """``delta`` once it is found to hold exactly the model's tensors; closed, and the error raised, if not."""
+    try:
+        delta.check(layout)
+    except IntegrityError:
+        delta.close()
+        raise
+    return delta
 
 
 def spool_folder(plan: Plan, cloud: str) -> Path:

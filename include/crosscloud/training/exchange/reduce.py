@@ -38,9 +38,31 @@ class Delta:
         except TensorFileError as exc:
             raise IntegrityError(f"cloud {cloud}: {exc}") from None
         self.int8 = any(n.endswith(".q") for n in self.file.entries)
+        self.wait: Callable[[int], None] | None = None  # still downloading: until the file's first n bytes are in
+
+    @classmethod
+    def landing(cls, cloud: str, path: Path, wait: Callable[[int], None]) -> Delta:
+        """A delta still downloading, opened once its header is in (``wait(n)``: until the first n bytes are)."""
+        wait(8)
+        with open(path, "rb") as fh:
+            n = int.from_bytes(fh.read(8), "little")
+        wait(8 + n)
+        delta = cls(cloud, path)
+        delta.wait = wait
+        return delta
 
     def close(self) -> None:
         self.file.close()
+
+    def landed(self, name: str, stop: int) -> None:
+        """Until the bytes of elements ``:stop`` of ``name`` are in the file (at once for a file downloaded whole)."""
+        if self.wait is None:
+            return
+        if not self.int8:
+            self.wait(self.file.end(name, stop))
+        else:
+            blocks = -(-stop // BLOCK)
+            self.wait(max(self.file.end(f"{name}.q", blocks * BLOCK), self.file.end(f"{name}.scale", blocks)))
 
     def check(self, layout: Layout) -> None:
         """The file must hold exactly the model's tensors, in the shapes the encoding gives them."""
@@ -70,16 +92,14 @@ class Delta:
 def inspect(delta: Delta, layout: Layout) -> float:
     """A contribution's norm, once it is found to hold exactly the model's tensors, all finite; else IntegrityError."""
     delta.check(layout)
-    total = 0.0
+    sums = {}  # NaN or Inf anywhere in a tensor leaves its sum of squares not finite
     for name in sorted(layout):
-        squares = 0.0  # NaN or Inf anywhere in the tensor leaves its sum of squares not finite
+        squares = 0.0
         for start, stop in fragments(numel(layout[name][1]), FRAGMENT):
             part = delta.fragment(name, start, stop)
             squares += float(part.mul_(part).sum(dtype=torch.float64))
-        if not math.isfinite(squares):
-            raise IntegrityError(f"cloud {delta.cloud}: {name} holds NaN or Inf (or values too large to square)")
-        total += squares
-    return math.sqrt(total)
+        sums[name] = squares
+    return norm_of(delta.cloud, sums, layout)
 
 
 def screen(norms: dict[str, float], samples: dict[str, int]) -> dict[str, str]:
@@ -93,13 +113,19 @@ def screen(norms: dict[str, float], samples: dict[str, int]) -> dict[str, str]:
 
 def reduce(deltas: dict[str, Delta], weights: dict[str, float], known: dict[str, torch.Tensor], cfg: OuterConfig,
            params_out: TensorFileWriter, momentum_in: TensorFile | None, momentum_out: TensorFileWriter | None,
-           device: torch.device, after: Callable[[int], None] | None = None) -> None:
+           device: torch.device, after: Callable[[int], None] | None = None,
+           squares: dict[str, dict[str, float]] | None = None) -> None:
     """The outer step, fragment by fragment: the weighted mean of ``deltas``, Nesterov momentum, the new global.
 
     ``known`` is the global the round started from; the new global goes to
     ``params_out`` and the momentum (when ``cfg`` has any) from ``momentum_in``
     to ``momentum_out``. Neither the mean nor the new global is ever held whole.
     ``after`` is told how many tensors are done after each one.
+
+    Deltas still downloading (``Delta.landing``) are read behind their
+    download, each fragment once its bytes are in. ``squares`` gathers each
+    delta's sums of squares per tensor on the way, exactly as ``inspect`` sums
+    them, so a streamed round needs no inspection pass of its own.
     """
     total = sum(weights[c] for c in deltas)
     for done, name in enumerate(sorted(known), start=1):
@@ -107,7 +133,12 @@ def reduce(deltas: dict[str, Delta], weights: dict[str, float], known: dict[str,
         for start, stop in fragments(flat.numel(), FRAGMENT):
             step = None
             for cloud in sorted(deltas):
-                part = deltas[cloud].fragment(name, start, stop).to(device).mul_(weights[cloud] / total)
+                deltas[cloud].landed(name, stop)
+                part = deltas[cloud].fragment(name, start, stop)
+                if squares is not None:
+                    sums = squares.setdefault(cloud, {})
+                    sums[name] = sums.get(name, 0.0) + float(part.mul(part).sum(dtype=torch.float64))
+                part = part.to(device).mul_(weights[cloud] / total)
                 step = part if step is None else step.add_(part)
             if cfg.momentum:
                 buf = (step.clone() if momentum_in is None
@@ -117,3 +148,13 @@ def reduce(deltas: dict[str, Delta], weights: dict[str, float], known: dict[str,
             params_out.write(name, start, flat[start:stop].to(device).sub(step.mul_(cfg.lr)))
         if after:
             after(done)
+
+
+def norm_of(cloud: str, sums: dict[str, float], layout: Layout) -> float:
+    """A delta's norm from its per-tensor sums of squares, as ``inspect`` makes it; IntegrityError if not finite."""
+    total = 0.0
+    for name in sorted(layout):
+        if not math.isfinite(sums[name]):
+            raise IntegrityError(f"cloud {cloud}: {name} holds NaN or Inf (or values too large to square)")
+        total += sums[name]
+    return math.sqrt(total)

@@ -11,9 +11,12 @@ import hashlib
 import json
 import os
 import struct
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
 import torch
+
+HASH_QUEUE = 2  # fragments written but not yet hashed, at most
 
 DTYPES = {"F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16, "F64": torch.float64,
           "I8": torch.int8, "U8": torch.uint8, "I16": torch.int16, "I32": torch.int32, "I64": torch.int64,
@@ -71,6 +74,11 @@ class TensorFile:
     def dtype(self, name: str) -> torch.dtype:
         return self.entries[name][0]
 
+    def end(self, name: str, stop: int) -> int:
+        """The file offset just past element ``stop - 1`` of tensor ``name``: what a read up to ``stop`` needs."""
+        dtype, _, offset = self.entries[name]
+        return self.base + offset + stop * dtype.itemsize
+
     def read(self, name: str, start: int = 0, stop: int | None = None) -> torch.Tensor:
         """Elements ``start:stop`` of tensor ``name``, flattened (row-major)."""
         dtype, shape, offset = self.entries[name]
@@ -94,10 +102,16 @@ class TensorFileWriter:
 
     Tensors are laid out in sorted name order with a deterministic header, so two
     clouds writing the same values write the same bytes: the file's sha256 is the digest.
-    Written in order (as the reduce writes), it is hashed on the way (``digest``).
+    Written in order (as the reduce writes), it is hashed on the way (``digest``),
+    by a thread of its own, so the hashing overlaps the writer's next fragment.
+    ``reuse``: an existing file of the same layout is written over in place,
+    not truncated: its pages are already the process's to write (on a machine
+    where memory first touched is slow, a new file per round costs more than
+    the reduce), and every byte of it is written again.
     """
 
-    def __init__(self, path: str | os.PathLike, layout: dict[str, tuple[torch.dtype, tuple[int, ...]]]):
+    def __init__(self, path: str | os.PathLike, layout: dict[str, tuple[torch.dtype, tuple[int, ...]]],
+                 reuse: bool = False):
         self.path = Path(path)
         header, offset = {}, 0
         for name in sorted(layout):
@@ -112,11 +126,15 @@ class TensorFileWriter:
         self.base = 8 + len(raw)
         self.offsets = {n: (e["data_offsets"][0], layout[n][0]) for n, e in header.items()}
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        self.fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        keep = reuse and self.path.exists() and self.path.stat().st_size == self.base + offset
+        self.fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | (0 if keep else os.O_TRUNC), 0o600)
         head = struct.pack("<Q", len(raw)) + raw
         os.pwrite(self.fd, head, 0)
-        os.ftruncate(self.fd, self.base + offset)
+        if not keep:
+            os.ftruncate(self.fd, self.base + offset)
         self._hash, self._hashed = hashlib.sha256(head), self.base  # bytes hashed so far, while writes come in order
+        self._hashing = ThreadPoolExecutor(1, thread_name_prefix="sha256")  # in order: one worker, FIFO
+        self._queued: list[Future] = []
         self.digest: str | None = None
 
     def write(self, name: str, start: int, values: torch.Tensor) -> None:
@@ -126,13 +144,18 @@ class TensorFileWriter:
         at, data = self.base + offset + start * dtype.itemsize, memoryview(flat.numpy())
         os.pwrite(self.fd, data, at)
         if self._hash is not None and at == self._hashed:
-            self._hash.update(data)
+            self._queued.append(self._hashing.submit(self._hash.update, data))  # ``data`` keeps ``flat`` alive
             self._hashed += len(data)
+            while len(self._queued) > HASH_QUEUE:  # a bounded few fragments wait for the hasher
+                self._queued.pop(0).result()
         else:  # out of order: the digest is read back from the file by whoever needs it
             self._hash = None
 
     def close(self) -> Path:
         """Close the file; ``digest`` is its sha256 if it was written whole and in order."""
+        self._hashing.shutdown(wait=True)
+        for future in self._queued:
+            future.result()
         end = os.fstat(self.fd).st_size
         os.close(self.fd)
         if self._hash is not None and self._hashed == end:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -33,26 +34,92 @@ def download(store: ObjectStore, entry: dict, path: Path) -> None:
     Parts are read concurrently into their place in the file; the file's sha256
     must match the commit's, else it is read again and finally refused.
     """
-    path.parent.mkdir(parents=True, exist_ok=True)
-    size, key = int(entry["size"]), entry["key"]
-    for attempt in range(READS):
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    Download(store, entry, path).result()
+
+
+class Download:
+    """A download in flight (``download``'s work, in a thread), whose bytes can be read as they land.
+
+    ``wait(end)`` blocks until the file's first ``end`` bytes are in (the parts
+    land in any order; the prefix counts), so a reader can work through the
+    file behind the download. The sha256 is hashed along that prefix, so the
+    check at the end costs no second read. A read again after a mismatch
+    rewrites the file: ``attempts`` tells a reader that worked on the first
+    read that it must not trust what it read.
+    """
+
+    def __init__(self, store: ObjectStore, entry: dict, path: Path):
+        self.store, self.entry, self.path = store, entry, path
+        self.size, self.attempts, self.seconds = int(entry["size"]), 0, 0.0  # seconds: until verified
+        self._cond = threading.Condition()
+        self._prefix, self._done, self._error = 0, False, None
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self._thread = threading.Thread(target=self._run, name=f"download {entry['key']}", daemon=True)
+        self._thread.start()
+
+    def wait(self, end: int) -> None:
+        """Until the first ``end`` bytes are in the file; raises what the download failed with."""
+        with self._cond:
+            while self._prefix < min(end, self.size) and self._error is None and not self._done:
+                self._cond.wait()
+            if self._error is not None:
+                raise self._error
+
+    def result(self) -> Path:
+        """The verified file, once the download is done; raises ``IntegrityError`` after ``READS`` mismatches."""
+        self._thread.join()
+        if self._error is not None:
+            raise self._error
+        return self.path
+
+    def _run(self) -> None:
+        t = time.perf_counter()
+        try:
+            for attempt in range(READS):
+                self.attempts = attempt + 1
+                got = self._read_once()
+                if got == self.entry["sha256"]:
+                    break
+                if attempt == READS - 1:
+                    raise IntegrityError(f"cloud {self.store.cloud}: {self.entry['key']} does not match its commit "
+                                         f"(sha256 {got[:12]} vs {self.entry['sha256'][:12]}, read {READS} times)")
+        except BaseException as exc:  # handed to whoever waits
+            with self._cond:
+                self._error = exc
+                self._cond.notify_all()
+            return
+        with self._cond:
+            self._done, self.seconds = True, time.perf_counter() - t
+            self._cond.notify_all()
+
+    def _read_once(self) -> str:
+        """One read of every part (concurrent ranged reads), the sha256 hashed along the landed prefix."""
+        size, key, parts = self.size, self.entry["key"], -(-self.size // PART)
+        with self._cond:
+            self._prefix = 0
+        landed, h, hashed = set(), hashlib.sha256(), 0
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o600)
         try:
             os.ftruncate(fd, size)
 
-            def fetch(start: int) -> None:
-                os.pwrite(fd, store.get_range(key, start, min(PART, size - start)), start)
+            def fetch(index: int) -> None:
+                nonlocal hashed
+                start = index * PART
+                os.pwrite(fd, self.store.get_range(key, start, min(PART, size - start)), start)
+                with self._cond:
+                    landed.add(index)
+                    while hashed < parts and hashed in landed:  # the prefix grows: hash it, in order, once
+                        at = hashed * PART
+                        h.update(os.pread(fd, min(PART, size - at), at))
+                        hashed += 1
+                    self._prefix = min(hashed * PART, size)
+                    self._cond.notify_all()
 
             with ThreadPoolExecutor(WORKERS) as pool:
-                list(pool.map(fetch, range(0, size, PART)))
+                list(pool.map(fetch, range(parts)))
         finally:
             os.close(fd)
-        got = file_sha256(path)
-        if got == entry["sha256"]:
-            return
-        if attempt == READS - 1:
-            raise IntegrityError(f"cloud {store.cloud}: {key} does not match its commit "
-                                 f"(sha256 {got[:12]} vs {entry['sha256'][:12]}, read {READS} times)")
+        return h.hexdigest()
 
 
 def upload(store: ObjectStore, key: str, path: Path, digest: str | None = None) -> dict:
