@@ -1,13 +1,15 @@
 """SDK overhead: the same model trained for the same steps by a plain loop and through crosscloud's SDK, one cloud.
 
-Both legs train the built-in program, ``examples/byte_lm/train.py``: its
-``build_model(args)`` (same seed, same initial weights), AdamW at the job's inner
-lr (weight decay 0), next-byte cross entropy, ``--batch`` sequences of the
-preset's ``seq_len`` per step, for ``--steps`` steps, on the python-stdlib
-dataset's training shards (``training.corpus.build_corpus`` with the
-federation's shard count and the seed: the bytes the run stores; one cloud gets
-them all), drawn by the program's own ``windows`` so both legs see the very
-same batches. Legs alternate, ``--repeats`` times each; the figures are the medians.
+Both legs train ``--program`` (default the built-in ``examples/byte_lm/train.py``;
+``--arg K=V`` its arguments): its ``build_model(args)`` (same seed, same
+initial weights), its optimizer, ``--batch`` sequences per step, for
+``--steps`` steps, on its dataset's training files as the run stores them
+(``pipeline.inputs.dataset_files``: the python-stdlib shards built with the
+federation's shard count and the seed, or a files dataset such as the HF
+example's ``stdlib-bpe``, prepared on first use; one cloud gets them all),
+drawn by the program's own batch generator (``windows``, or ``batches`` with
+``optimizer`` and ``train_step`` as the HF example defines them), so both legs
+see the very same batches. Legs alternate, ``--repeats`` times each.
 
 - plain: an ordinary PyTorch loop with no SDK, one thread (sub-tasks run with
   ``OMP_NUM_THREADS=1``), in a fresh process of its own as the SDK's sub-task is
@@ -19,7 +21,10 @@ same batches. Legs alternate, ``--repeats`` times each; the figures are the medi
   Timed as the sub-task lived it: the sum over rounds of
   ``run.baseline.round_seconds`` (waits, downloads and fold-ins, compute, and
   uploads: the cloud's resume state and its delta) less round 0's wait, which is
-  start-up (the wait for global 0). So every round-boundary cost counts.
+  start-up (the wait for global 0), and less the program's ``evaluate`` calls
+  (each round's ``eval_s``: the evaluations the job asks for with
+  ``eval_every_steps``, which the plain loop does not do; printed apart). So
+  every round-boundary cost counts, the copies around an evaluation included.
 
 On a shared machine the wall time of one leg swings with whatever else runs
 (other processes take the core it trains on), so the overhead is measured on
@@ -43,6 +48,7 @@ the same on wall seconds. Exit status 1 when a leg did not train.
 from __future__ import annotations
 
 import argparse
+import json
 import multiprocessing
 import statistics
 import sys
@@ -54,8 +60,6 @@ from types import SimpleNamespace
 import torch
 from crosscloud.core.federation import load_federation
 from crosscloud.core.job import DEFAULT_PROGRAM, JobSpec
-from crosscloud.core.presets import preset
-from crosscloud.training.corpus import build_corpus
 from crosscloud.training.program import load_program, program_source
 from spread import Spread
 
@@ -67,22 +71,43 @@ DATASET = "python-stdlib"  # built from this machine's stdlib, so both legs can 
 
 def job(args: argparse.Namespace) -> JobSpec:
     """The SDK leg's job; the plain leg takes its seed, lr, model and batch from it too."""
+    program = load_program(program_source(args.program))
+    dataset = args.dataset or getattr(program, "DATASET", DATASET)  # the program's own, as admission settles it
     return JobSpec(mode="single_cluster", clouds=[args.cloud], devices_per_cloud=1,
                    rounds=args.steps // args.inner_steps, inner_steps=args.inner_steps, global_batch=args.batch,
-                   model_size=args.model_size, seed=args.seed, compression="none", dataset=DATASET)
+                   model_size=args.model_size, seed=args.seed, compression="none", dataset=dataset,
+                   program=args.program, program_args=program_args(args.arg))
+
+
+def program_args(pairs: list[str]) -> dict:
+    """--arg K=V pairs as the program's arguments, values as JSON where they parse."""
+    out = {}
+    for pair in pairs:
+        key, _, value = pair.partition("=")
+        try:
+            out[key] = json.loads(value)
+        except ValueError:
+            out[key] = value
+    return out
 
 
 def plain_inputs(spec: JobSpec, folder: Path, federation: str | None, cloud: str) -> dict:
-    """What the plain leg reads of a run (plain values, for another process): the run's shards as local files."""
-    shards, held = build_corpus(load_federation(federation).dataset(DATASET).shards, spec.seed)
+    """What the plain leg reads of a run (plain values, for another process): the run's files, local, in its order.
 
-    def write(name: str, data: bytes) -> str:
-        (folder / name).write_bytes(data)
-        return str(folder / name)
+    ``dataset_files`` is what admission reads: the stdlib's shards built, or a files dataset's files (prepared on
+    first use)."""
+    from crosscloud.pipeline.inputs import dataset_files
 
-    return {"args": spec.program_run_args(), "cloud": cloud, "batch": spec.global_batch,
-            "data": [write(f"shard-{i:03d}.bin", s) for i, s in enumerate(shards)],  # the run's order: shard 0 first
-            "evals": [write("held-out-000.bin", held)]}
+    train, held = dataset_files(load_federation(federation), spec)
+
+    def write(f) -> str:
+        with open(folder / f.name, "wb") as fh:
+            for block in f.blocks():
+                fh.write(block)
+        return str(folder / f.name)
+
+    return {"args": spec.program_run_args(), "cloud": cloud, "batch": spec.global_batch, "program": spec.program,
+            "data": [write(f) for f in train], "evals": [write(f) for f in held]}
 
 
 def plain_in_fresh_process(inputs: dict, steps: int) -> dict:
@@ -93,30 +118,47 @@ def plain_in_fresh_process(inputs: dict, steps: int) -> dict:
         return pool.apply(plain_leg, (inputs, steps))
 
 
-def plain_leg(inputs: dict, steps: int) -> dict:
-    """The program's model trained by an ordinary loop: no rounds, no commits, no state saved."""
-    torch.set_num_threads(1)  # sub-tasks run with OMP_NUM_THREADS=1
-    program = load_program(program_source(DEFAULT_PROGRAM))
-    data, evals = [Path(f) for f in inputs["data"]], [Path(f) for f in inputs["evals"]]
-    run = SimpleNamespace(args=inputs["args"], cloud=inputs["cloud"], rank=0, world_size=1,  # what windows reads
-                          batch_size=inputs["batch"], device=torch.device("cpu"),
-                          data_files=lambda: data, eval_files=lambda: evals)
+def plain_loop(program, run):
+    """The program's model, an optimizer, its batches and one training step, as a plain loop (no SDK) runs them:
+    the program's own ``optimizer``/``batches``/``train_step`` where it has them (the HF example), else the
+    built-in byte model's loop (AdamW at the job's lr, ``windows``, next-byte cross entropy)."""
     model = program.build_model(run.args)
+    if hasattr(program, "train_step"):
+        opt = program.optimizer(model, run.args)
+        return model, program.batches(run, 0), lambda batch: program.train_step(model, model, opt, batch, run)
     opt = torch.optim.AdamW(model.parameters(), lr=run.args["lr"], weight_decay=0.0)
-    start_loss = program.evaluate(model, run)
-    losses = []
-    t0, c0 = time.perf_counter(), time.process_time()
-    for i, batch in enumerate(program.windows(run, 0)):
+
+    def step(batch: torch.Tensor) -> torch.Tensor:
         logits = model(batch[:, :-1])
         loss = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), batch[:, 1:].reshape(-1))
         loss.backward()
         opt.step()
         opt.zero_grad(set_to_none=True)
-        losses.append(loss.detach())
+        return loss.detach()
+
+    return model, program.windows(run, 0), step
+
+
+def plain_leg(inputs: dict, steps: int) -> dict:
+    """The program's model trained by an ordinary loop: no rounds, no commits, no state saved."""
+    torch.set_num_threads(1)  # sub-tasks run with OMP_NUM_THREADS=1
+    program = load_program(program_source(inputs["program"]))
+    data, evals = [Path(f) for f in inputs["data"]], [Path(f) for f in inputs["evals"]]
+    run = SimpleNamespace(args=inputs["args"], cloud=inputs["cloud"], rank=0, world_size=1,  # what the batches read
+                          batch_size=inputs["batch"], device=torch.device("cpu"),
+                          data_files=lambda: data, eval_files=lambda: evals)
+    model, batches, step = plain_loop(program, run)
+    start_loss = program.evaluate(model, run)
+    losses, tokens = [], 0
+    t0, c0 = time.perf_counter(), time.process_time()
+    for i, batch in enumerate(batches):
+        losses.append(step(batch))
+        tokens += batch.shape[0] * (batch.shape[1] - 1)  # windows of seq_len + 1: every position predicts the next
         if i + 1 == steps:
             break
     seconds, cpu = time.perf_counter() - t0, time.process_time() - c0
-    return {"seconds": seconds, "cpu_s": cpu, "eval_start": start_loss, "eval_end": program.evaluate(model, run),
+    return {"seconds": seconds, "cpu_s": cpu, "tokens": tokens, "eval_start": start_loss,
+            "eval_end": program.evaluate(model, run),
             "train_first": float(losses[0]), "train_last": float(torch.stack(losses[-50:]).mean())}
 
 
@@ -174,7 +216,10 @@ def report(i: int, plain: dict, sdk: dict, tokens: int) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--model-size", default="small")
+    p.add_argument("--program", default=DEFAULT_PROGRAM, help="the training program both legs train")
+    p.add_argument("--arg", action="append", default=[], metavar="K=V", help="a program argument (JSON or text)")
+    p.add_argument("--dataset", default=None, help="the federation's dataset (default: the program's own)")
+    p.add_argument("--model-size", default="small", help="the built-in byte model's size (other programs: --arg)")
     p.add_argument("--steps", type=int, default=400, help="total inner steps of each leg")
     p.add_argument("--inner-steps", type=int, default=50, help="H: steps per round of the SDK leg")
     p.add_argument("--batch", type=int, default=8, help="sequences per step")
@@ -187,24 +232,24 @@ def main(argv: list[str] | None = None) -> int:
     if args.steps % args.inner_steps:
         p.error(f"--steps {args.steps} is not a multiple of --inner-steps {args.inner_steps}")
     spec, log = job(args), (print if args.verbose else (lambda m: None))
-    tokens = args.steps * args.batch * preset(args.model_size).seq_len
     inputs = plain_inputs(spec, Path(tempfile.mkdtemp(prefix="bench-sdk-")), args.federation, args.cloud)
-    print(f"model {args.model_size}, {args.steps} steps x {args.batch} x {preset(args.model_size).seq_len} tokens "
-          f"({spec.rounds} rounds x {args.inner_steps} for the SDK), cloud {args.cloud}, seed {args.seed}", flush=True)
+    print(f"program {args.program} {spec.program_args or ''} (model_size {args.model_size}), dataset {spec.dataset}, "
+          f"{args.steps} steps x {args.batch} sequences ({spec.rounds} rounds x {args.inner_steps} for the SDK), "
+          f"cloud {args.cloud}, seed {args.seed}", flush=True)
     tag, legs, ok = time.strftime("%Y%m%d-%H%M%S"), [], True
     for i in range(args.repeats):  # alternated, so that a slow spell of the shared machine hits both legs
         plain = plain_in_fresh_process(inputs, args.steps)
         sdk = sdk_leg(spec, f"bench-sdk-{tag}-{i}", args.federation, args.cloud, log)
         legs.append((plain, sdk))
-        print(report(i, plain, sdk, tokens), flush=True)
+        print(report(i, plain, sdk, plain["tokens"]), flush=True)  # the SDK leg trained the very same batches
         for name, leg in (("plain", plain), ("sdk", sdk)):
             if not trained(leg):
                 print(f"  {name} leg did not train: eval loss {leg['eval_start']:.4f} -> {leg['eval_end']:.4f}")
                 ok = False
     cpu = Spread.of(overhead_pct(p["cpu_s"], s["cpu_s"]) for p, s in legs)
     wall = Spread.of(overhead_pct(p["seconds"], s["seconds"]) for p, s in legs)
-    print(f"plain_tokens_per_s={statistics.median(tokens / p['seconds'] for p, _ in legs):.1f} "
-          f"sdk_tokens_per_s={statistics.median(tokens / s['seconds'] for _, s in legs):.1f} "
+    print(f"plain_tokens_per_s={statistics.median(p['tokens'] / p['seconds'] for p, _ in legs):.1f} "
+          f"sdk_tokens_per_s={statistics.median(p['tokens'] / s['seconds'] for p, s in legs):.1f} "
           f"{cpu.fields('sdk_overhead_pct', GOAL_PCT)} {wall.fields('sdk_wall_overhead_pct', GOAL_PCT)}")
     return 0 if ok else 1
 
