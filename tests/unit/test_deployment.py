@@ -75,6 +75,23 @@ def test_every_stage_checks_it_reads_the_federation_the_run_was_admitted_with(tm
         ref.federation()
 
 
+@pytest.mark.parametrize("sig", ["SIGTERM", "SIGINT"])
+def test_an_interrupt_inside_a_ledger_transaction_waits_for_its_end(tmp_path, sig):
+    """Interrupted mid-statement, SQLite kept the transaction's lock and cleanup's release then failed on it."""
+    code = ("import os, signal, time\nfrom crosscloud.core.interrupt import terminate_as_interrupt\n"
+            "from crosscloud.ledger.engine import engine_for, write\nimport sqlalchemy as sa\n"
+            f"engine = engine_for(sa.engine.make_url('sqlite:///{tmp_path}/l.db'))\n"
+            "try:\n    with terminate_as_interrupt():\n        with write(engine) as conn:\n"
+            "            conn.exec_driver_sql('CREATE TABLE t (x INTEGER)')\n"
+            f"            os.kill(os.getpid(), signal.{sig}); time.sleep(0.5)\n"
+            "            conn.exec_driver_sql('INSERT INTO t VALUES (1)')\n"
+            "        print('after the transaction')\nexcept KeyboardInterrupt:\n"
+            "    with write(engine) as conn:  # cleanup's own write: not locked out\n"
+            "        print('cleaned up', conn.exec_driver_sql('SELECT count(*) FROM t').scalar())\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert done.stdout.strip() == "cleaned up 1", done.stderr
+
+
 def test_sigterm_unwinds_like_ctrl_c():
     code = ("import os, signal\nfrom crosscloud.core.interrupt import terminate_as_interrupt\n"
             "try:\n    with terminate_as_interrupt():\n        os.kill(os.getpid(), signal.SIGTERM)\n"

@@ -31,6 +31,8 @@ from pathlib import Path
 import sqlalchemy as sa
 from sqlalchemy.engine import URL, Connection, Engine
 
+from crosscloud.core.interrupt import deferred
+
 # one key for the whole ledger's write lock, another for migrations ("crosscloud" ledger, in ASCII)
 LEDGER_LOCK = 0x63636C6564676572
 MIGRATE_LOCK = LEDGER_LOCK + 1
@@ -112,7 +114,7 @@ def write(engine: Engine, lock: bool = True, durable: bool = True) -> Iterator[C
     a renewal.
     """
     postgres = is_postgres(engine)
-    with engine.connect() as conn:
+    with deferred(), engine.connect() as conn:
         conn.execution_options(**{_WRITE: True})
         with conn.begin():
             if postgres and (lock or not durable):
@@ -128,7 +130,7 @@ def write(engine: Engine, lock: bool = True, durable: bool = True) -> Iterator[C
 def read(engine: Engine) -> Iterator[Connection]:
     """A connection for one read, no lock taken; PostgreSQL's autocommits (a statement is its own snapshot),
     which spares the BEGIN and COMMIT round trips every admission would otherwise pay for its reads."""
-    with engine.connect() as conn:
+    with deferred(), engine.connect() as conn:
         if is_postgres(engine):
             conn.execution_options(isolation_level="AUTOCOMMIT")
         with conn.begin():
