@@ -48,6 +48,7 @@ from crosscloud.core.job import LR_SCALINGS, JobSpec
 from crosscloud.core.paths import state_dir
 from crosscloud.pipeline.stages import run_job
 from crosscloud.run.baseline import gap_pct, iteration_time, round_seconds
+from program_args import program_args
 from spread import Spread
 
 GOALS = {"iteration_time_gap_pct": 3.0, "wan_penalty_pct": 3.0, "loss_ratio": 1.02}
@@ -139,18 +140,6 @@ def run_config(name: str, base: dict, fed_path: Path, tag: str, log) -> dict:
     curve = {(r["round"] + 1) * spec.inner_steps: r["eval_loss"] for r in summary["history"] if r["eval_loss"] is not None}
     return {**measure(summary["history"], spec.inner_steps, spec.overlap), "loss": summary["metrics"]["final_eval_loss"],
             "curve": curve}
-
-
-def program_args(pairs: list[str]) -> dict:
-    """--arg K=V pairs as the program's arguments, values as JSON where they parse."""
-    out = {}
-    for pair in pairs:
-        key, _, value = pair.partition("=")
-        try:
-            out[key] = json.loads(value)
-        except ValueError:
-            out[key] = value
-    return out
 
 
 def write_federation(folder: Path, bandwidth: float, rtt: float) -> Path:

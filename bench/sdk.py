@@ -48,7 +48,6 @@ the same on wall seconds. Exit status 1 when a leg did not train.
 from __future__ import annotations
 
 import argparse
-import json
 import multiprocessing
 import statistics
 import sys
@@ -61,6 +60,7 @@ import torch
 from crosscloud.core.federation import load_federation
 from crosscloud.core.job import DEFAULT_PROGRAM, JobSpec
 from crosscloud.training.program import load_program, program_source
+from program_args import program_args
 from spread import Spread
 
 GOAL_PCT = 3.0
@@ -77,18 +77,6 @@ def job(args: argparse.Namespace) -> JobSpec:
                    rounds=args.steps // args.inner_steps, inner_steps=args.inner_steps, global_batch=args.batch,
                    model_size=args.model_size, seed=args.seed, compression="none", dataset=dataset,
                    program=args.program, program_args=program_args(args.arg))
-
-
-def program_args(pairs: list[str]) -> dict:
-    """--arg K=V pairs as the program's arguments, values as JSON where they parse."""
-    out = {}
-    for pair in pairs:
-        key, _, value = pair.partition("=")
-        try:
-            out[key] = json.loads(value)
-        except ValueError:
-            out[key] = value
-    return out
 
 
 def plain_inputs(spec: JobSpec, folder: Path, federation: str | None, cloud: str) -> dict:
