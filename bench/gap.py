@@ -44,11 +44,10 @@ from pathlib import Path
 import yaml
 
 from crosscloud.core.federation import DEFAULT_FEDERATION, load_federation
-from crosscloud.core.job import LR_SCALINGS, JobSpec
+from crosscloud.core.job import LR_SCALINGS, JobSpec, key_values
 from crosscloud.core.paths import state_dir
 from crosscloud.pipeline.stages import run_job
 from crosscloud.run.baseline import gap_pct, iteration_time, round_seconds
-from program_args import program_args
 from spread import Spread
 
 GOALS = {"iteration_time_gap_pct": 3.0, "wan_penalty_pct": 3.0, "loss_ratio": 1.02}
@@ -201,7 +200,7 @@ def main(argv: list[str] | None = None) -> int:
     base = {"model_size": args.model_size, "rounds": args.rounds, "inner_steps": args.inner_steps,
             "global_batch": args.global_batch, "inner_lr": args.inner_lr, "seed": args.seed, "overlap": not args.no_overlap,
             "compression": args.compression, "local_lr_scaling": args.local_lr_scaling, "fold_mix": args.fold_mix,
-            "program": args.program, "program_args": program_args(args.arg), "dataset": args.dataset}
+            "program": args.program, "program_args": key_values(args.arg), "dataset": args.dataset}
     folder = Path(tempfile.mkdtemp(prefix="bench-gap-"))
     fed = write_federation(folder, args.bandwidth_mbps, args.rtt_ms)
     print(f"link {args.bandwidth_mbps:g} Mbit/s, {args.rtt_ms:g} ms RTT; program {args.program} {base['program_args']}, "

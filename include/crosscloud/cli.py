@@ -14,7 +14,7 @@ from pathlib import Path
 
 from crosscloud.artifacts.catalog import load_catalog
 from crosscloud.core.federation import load_federation
-from crosscloud.core.job import JobSpec
+from crosscloud.core.job import JobSpec, JobSpecError, key_values
 from crosscloud.ledger import Ledger
 from crosscloud.pipeline.inputs import upload_dataset
 from crosscloud.pipeline.stages import run_job
@@ -125,27 +125,12 @@ def _cloud(args) -> int:
     return 0
 
 
-def _value(text: str):
-    """A --arg value: JSON where it parses (numbers, booleans, lists), else the text itself."""
-    try:
-        return json.loads(text)
-    except ValueError:
-        return text
-
-
-def _pairs(items: list[str], flag: str) -> dict:
-    pairs = {}
-    for item in items:
-        key, sep, value = item.partition("=")
-        if not sep or not key:
-            raise SystemExit(f"crosscloud train: {flag} {item!r} is not key=value")
-        pairs[key] = _value(value)
-    return pairs
-
-
 def _train(args) -> int:
     """Run a training program over the clouds in this process, through the engine's backends."""
-    params = {**_pairs(args.job, "--job"), "program": args.program, "program_args": _pairs(args.arg, "--arg")}
+    try:
+        params = {**key_values(args.job, "--job"), "program": args.program, "program_args": key_values(args.arg)}
+    except JobSpecError as exc:
+        raise SystemExit(f"crosscloud train: {exc}") from None
     if args.clouds:
         params["clouds"] = [c for c in args.clouds.split(",") if c]
     spec = JobSpec.from_params(params)

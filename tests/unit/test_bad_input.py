@@ -10,7 +10,7 @@ import pytest
 from federations import embedded, embedded_file
 
 from crosscloud.artifacts.preheat import ResidencyError, TransferReport, fetch
-from crosscloud.core.job import JobSpec, JobSpecError
+from crosscloud.core.job import JobSpec, JobSpecError, key_values
 from crosscloud.core.presets import PRESETS
 from crosscloud.ledger import Ledger
 from crosscloud.pipeline.stages import admit_stage
@@ -54,6 +54,14 @@ def test_out_of_range_params_name_the_field_and_the_fix(params, field, hint):
     with pytest.raises(JobSpecError) as info:
         JobSpec.from_params(params)
     assert field in str(info.value) and hint in str(info.value)
+
+
+def test_command_line_pairs_are_json_where_they_parse_and_refused_without_a_key():
+    assert key_values(["lr=3e-4", "size=small", "layers=[1, 2]", "url=a=b", "flag=true"]) == {
+        "lr": 3e-4, "size": "small", "layers": [1, 2], "url": "a=b", "flag": True}
+    for bad in ("size", "=small"):
+        with pytest.raises(JobSpecError, match=f"--job {bad!r} is not key=value"):
+            key_values([bad], "--job")
 
 
 def test_a_cloud_the_tenant_has_no_quota_on_fails_before_anything_is_written(own_state):

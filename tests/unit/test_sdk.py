@@ -19,7 +19,7 @@ from crosscloud.store.digest import IntegrityError
 from crosscloud.store.open_store import open_store
 from crosscloud.store.tensors import from_bytes, to_bytes
 from crosscloud.training import devices
-from crosscloud.training.resume import CloudState, latest_state, save_state
+from crosscloud.training.resume import CloudState, StateWriter, latest_state, save_state, snapshot
 from crosscloud.training.session import parameters
 
 pytestmark = pytest.mark.program
@@ -158,7 +158,8 @@ def test_diloco_commits_the_round_and_resume_gives_everything_back(environment):
     state_commit = read_commit(store, plan.keys.cloud_state("beijing", 0))
     assert state_commit["objects"]["known.safetensors"] == read_commit(store, plan.keys.global_step(0))["objects"][
         "params.safetensors"]
-    assert not any(n.startswith("known/") for n in from_bytes(read_object(store, state_commit, "state.safetensors")))
+    layout = json.loads(read_object(store, state_commit, "state.json"))["layout"]
+    assert layout and not any(n.startswith("known/") for n in layout)
     # the cloud reduced its round itself, and the home cloud evaluated the start and the end with the program's evaluate
     evals = {g: json.loads(store.get(plan.keys.evaluation(g)))["eval_loss"] for g in (0, 1)}
     assert evals[0] == pytest.approx(float(start.embed.weight.sum()))
@@ -181,6 +182,36 @@ def test_a_state_that_names_its_global_resumes_exactly_and_refuses_a_changed_one
     store.put(entry["key"], to_bytes({n: t * 2 for n, t in known.items()}))  # the named global is not what it was
     with pytest.raises(IntegrityError):
         latest_state(store, plan.keys, "beijing")
+
+
+def test_states_pack_their_tensors_and_each_new_one_replaces_the_last(environment):
+    """A state of many small tensors is a few flat ones; it reads back exactly, dtypes and shapes included, and writing
+    round r deletes round r - 1's state but nothing else of the folder."""
+    plan, store = _plan("sdk-pack", JobSpec())
+    store.put(plan.keys.sdk_started("beijing"), b"{}")
+    model = torch.nn.Sequential(torch.nn.Linear(5, 3), torch.nn.LayerNorm(3))
+    opt = torch.optim.AdamW(model.parameters(), lr=0.1)
+    model(torch.randn(4, 5)).sum().backward()
+    opt.step()
+    params = {n: p.detach().clone() for n, p in model.named_parameters()}
+    writer = StateWriter(store, plan.keys, "beijing")
+    for r in (3, 4):
+        snap = snapshot(CloudState(round=r, steps=10 * r, params=params, optimizer=opt.state_dict(), known_round=r,
+                                   known_params=params, own={r: params}, drift={},
+                                   residual={"x": torch.arange(6, dtype=torch.int8)}, metas={r: {}}, share=6))
+        assert sorted(snap.packed) == ["pack/float32", "pack/int8"]  # however many tensors the model has
+        writer.write(snap, known=None)  # no committed copy to name: the global is packed too
+    state = latest_state(store, plan.keys, "beijing")
+    assert state.round == 4 and state.steps == 40
+    assert all(torch.equal(state.params[n], t) and torch.equal(state.known_params[n], t) for n, t in params.items())
+    assert torch.equal(state.residual["x"], torch.arange(6, dtype=torch.int8))
+    again = torch.optim.AdamW(model.parameters(), lr=0.1)
+    again.load_state_dict(state.optimizer)
+    assert all(torch.equal(again.state_dict()["state"][i][k], v) for i, slots in opt.state_dict()["state"].items()
+               for k, v in slots.items())
+    folder = f"{plan.keys.root}/state/beijing/"
+    assert sorted(k[len(folder):] for k in store.list(folder.rstrip("/"))) == [
+        "4/COMMIT.json", "4/state.json", "4/state.safetensors", "sdk-started.json"]
 
 
 def test_a_committed_step_is_never_written_again(environment):

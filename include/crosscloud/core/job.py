@@ -6,6 +6,7 @@ before anything starts, with a message that names the field and the fix.
 
 from __future__ import annotations
 
+import json
 import math
 from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
@@ -26,6 +27,21 @@ DEFAULT_DATASET = "python-stdlib"  # what a job reads when neither it nor its pr
 
 class JobSpecError(ValueError):
     """A job parameter that is out of range or inconsistent."""
+
+
+def key_values(items: list[str], flag: str = "--arg") -> dict:
+    """``K=V`` command-line pairs (``crosscloud train --arg``, the benchmarks' ``--arg``) as a dict: each value JSON
+    where it parses (numbers, booleans, lists), else the text itself."""
+    pairs = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise JobSpecError(f"{flag} {item!r} is not key=value")
+        try:
+            pairs[key] = json.loads(value)
+        except ValueError:
+            pairs[key] = value
+    return pairs
 
 
 def carbon_weight(objective: str) -> float:

@@ -60,6 +60,10 @@ class RunKeys:
         """Written when a cloud's program first calls the SDK: a stalled run can tell a program that never did."""
         return f"{self.root}/state/{validate_name(cloud, 'cloud')}/sdk-started.json"
 
+    def sdk_finished(self, cloud: str) -> str:
+        """Written when a cloud's sub-task has committed its last round: what it spent after that round's commit."""
+        return f"{self.root}/state/{validate_name(cloud, 'cloud')}/sdk-finished.json"
+
     def members(self, round_: int) -> str:
         """Who is in round ``round_`` and what it decided, written once in the home store by the first cloud to know."""
         return f"{self.root}/rounds/{int(round_)}/MEMBERS.json"

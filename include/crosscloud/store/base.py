@@ -70,15 +70,16 @@ class LocalStore(ObjectStore):
     def __init__(self, root: str | os.PathLike, cloud: str = "local"):
         self.root = Path(root)
         self.cloud = cloud
+        self._top = os.path.abspath(root)  # keys are checked lexically: a call costs no system call
 
     def __repr__(self) -> str:
         return f"LocalStore({self.cloud!r}, {str(self.root)!r})"
 
     def _path(self, key: str) -> Path:
-        path = (self.root / key).resolve()
-        if not path.is_relative_to(self.root.resolve()):
+        path = os.path.normpath(os.path.join(self._top, key))
+        if path != self._top and not path.startswith(self._top + os.sep):
             raise StoreError(f"cloud {self.cloud}: key {key!r} escapes the store root")
-        return path
+        return Path(path)
 
     def _staged(self, key: str, stream: BinaryIO) -> tuple[Path, str]:
         """Write ``stream`` to a temporary file beside ``key``'s path; returns (path, temporary)."""
@@ -143,9 +144,8 @@ class LocalStore(ObjectStore):
         base = self._path(prefix) if prefix else self.root
         if not base.is_dir():
             return []
-        root = self.root.resolve()
         return sorted(
-            str(p.relative_to(root)) for p in base.rglob("*") if p.is_file() and not p.name.startswith(".tmp-")
+            str(p.relative_to(self._top)) for p in base.rglob("*") if p.is_file() and not p.name.startswith(".tmp-")
         )
 
     def delete(self, key: str) -> None:

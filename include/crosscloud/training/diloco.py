@@ -38,15 +38,15 @@ from crosscloud.training.exchange.members import read_watch
 from crosscloud.training.exchange.tensorfile import TensorFile
 from crosscloud.training.global0 import publish_global0
 from crosscloud.training.program import ProgramError, load_program, local_file
-from crosscloud.training.resume import CloudState, save_state
+from crosscloud.training.resume import CloudState, Snapshot, StateWriter, snapshot
 from crosscloud.training.rounds import DelayedGlobal, RoundWork, round_line, throttle, wait_for_commit
 from crosscloud.training.session import Run, load_params, parameters, rank_batch
 from crosscloud.training.stopped import Paused
 from crosscloud.training.time_limit import Overrun, time_limit
 
 
-def _fp32(model: torch.nn.Module) -> dict[str, torch.Tensor]:
-    return {n: p.detach().float().clone() for n, p in parameters(model).items()}
+def _fp32(params: dict[str, torch.nn.Parameter]) -> dict[str, torch.Tensor]:
+    return {n: p.detach().float().clone() for n, p in params.items()}
 
 
 def _beside(fn, *args) -> Future:
@@ -81,6 +81,7 @@ class DiLoCo:
 
     def __init__(self, run: Run, model: torch.nn.Module, optimizer: torch.optim.Optimizer):
         self.run, self.model, self.opt = run, model, optimizer
+        self.params = parameters(model)  # the tensors rounds exchange, looked up once
         self.plan, self.spec, self.keys = run.plan, run.plan.spec, run.plan.keys
         self.feedback = ErrorFeedback() if self.plan.compression == "int8" else None
         self.base_lrs = [g["lr"] for g in optimizer.param_groups]
@@ -91,6 +92,7 @@ class DiLoCo:
         self.base: dict[str, torch.Tensor] = {}
         self.ready = {"wait_s": 0.0, "download_s": 0.0}
         self.exchange = exchange_for(run) if run.rank == 0 else None
+        self.states = StateWriter(run.store, self.keys, run.cloud) if run.rank == 0 else None
         self.inflight: Future | None = None
         self.made: RoundResult | None = None  # the last exchange's result, reported with the next round's commit
         self.restored: dict = {}  # after a restart: what the cloud's commit of its last global says of it
@@ -115,6 +117,7 @@ class DiLoCo:
         """After each inner optimizer step: record it, fold in a global that is ready, end the round after H steps."""
         if self.done:
             return
+        self.work.train_cpu_s += time.thread_time() - self._train_cpu  # the program's own step, on this thread
         seconds = time.perf_counter() - self._last
         throttle(seconds, self.cap["throughput"])
         self.work.step_s.append(time.perf_counter() - self._last)
@@ -128,7 +131,7 @@ class DiLoCo:
         if len(self.work.losses) == self.spec.inner_steps:
             self._end_round()
             self._skip_idle()
-        self._last = time.perf_counter()
+        self._last, self._train_cpu = time.perf_counter(), time.thread_time()
 
     # -- rounds ----------------------------------------------------------------------
     def _start(self) -> None:
@@ -156,7 +159,7 @@ class DiLoCo:
         self.round, self.steps, self.share = state.round, state.steps, state.share
         if self.feedback:
             self.feedback.residual = state.residual
-        self.base = _fp32(self.model)
+        self.base = _fp32(self.params)
         self._cpu = time.process_time()
         if self.exchange:
             self.restored = self.exchange.restore(state.known_round)  # reported with the next commit, as if just made
@@ -172,7 +175,7 @@ class DiLoCo:
     def _begin_round(self, r: int) -> None:
         """Round ``r`` starts: its base, this rank's batch and lr, and an empty record; idle rounds pass at once."""
         self.round = r
-        self.base = _fp32(self.model)
+        self.base = _fp32(self.params)
         self.run.batch_size = rank_batch(self.share, self.run.rank, self.run.world_size)
         if self.spec.local_lr_scaling != "none":  # the lr follows this cloud's part of the global batch
             factor = local_lr(self.spec, self.share) / self.spec.inner_lr
@@ -180,6 +183,7 @@ class DiLoCo:
                 group["lr"] = lr * factor
         self.work = RoundWork(started_at=time.time())
         self._t_round = self._last = time.perf_counter()
+        self._train_cpu = time.thread_time()
 
     def _end_round(self) -> None:
         """Commit round ``self.round``'s pseudo-gradient (after saving the state a restart goes on from), start its exchange.
@@ -194,20 +198,18 @@ class DiLoCo:
             self._fold_in()
         self.ready["wait_s"] += time.perf_counter() - tw
         self.ready["download_s"] += work.fold_s
-        params = _fp32(self.model)  # one copy of the round's end, for its progress and the saved state
+        params = _fp32(self.params)  # one copy of the round's end, for its progress and the saved state
         progress = {n: (p - self.base[n]).cpu() for n, p in params.items()}
         self.known.record(r, progress)
-        if self.run.rank == 0:
-            ts = time.perf_counter()
-            self.exchange.published()  # the state names global r: its copy (and momentum) is committed first
-            save_state(self.run.store, self.keys, self.run.cloud, self._state(r, params), known=self._known_object())
-            work.state_s = time.perf_counter() - ts
-        self._commit(r, progress, work)
+        ts = time.perf_counter()
+        snap = snapshot(self._state(r, params)) if self.run.rank == 0 else None  # written beside training
+        work.state_s = time.perf_counter() - ts
+        self._commit(r, progress, work, snap)
         self._after_round(r)
 
-    def _known_object(self) -> dict | None:
-        """The global folded in last, as this cloud's store holds it: the state names it instead of a copy."""
-        commit = read_commit(self.run.store, self.keys.global_step(self.known.round))
+    def _known_object(self, global_: int) -> dict | None:
+        """Global ``global_`` as this cloud's store holds it: the state names it instead of a copy."""
+        commit = read_commit(self.run.store, self.keys.global_step(global_))
         return commit["objects"].get(PARAMS) if commit else None
 
     def _state(self, r: int, params: dict[str, torch.Tensor]) -> CloudState:
@@ -217,37 +219,48 @@ class DiLoCo:
             own=dict(self.known.own), drift=self.known.drift, metas=self.known.metas,
             residual=dict(self.feedback.residual) if self.feedback else {}, share=self.share)
 
-    def _commit(self, r: int, progress: dict[str, torch.Tensor], work: RoundWork, restored: bool = False) -> None:
-        """Rank 0 commits round ``r`` unless it is committed already, then starts its exchange beside training."""
-        step = self.keys.cloud_step(self.run.cloud, r)
+    def _commit(self, r: int, progress: dict[str, torch.Tensor], work: RoundWork, snap: Snapshot | None = None,
+                restored: bool = False) -> None:
+        """Rank 0 hands round ``r`` to its thread beside training: the state ``snap``, then the commit, then the exchange."""
         delta = {n: -p for n, p in progress.items()}
         self.run.rounds_committed = r + 1  # every rank counts it: the program's end is checked on each
         if self.run.rank != 0:
             return
-        t = time.perf_counter()
-        name, payload = (("delta.int8.safetensors", self.feedback.compress(delta)) if self.feedback
-                         else ("delta.safetensors", delta))
         losses = [float(x) for x in (torch.stack(work.losses).tolist() if work.losses and torch.is_tensor(work.losses[0])
                                      else work.losses)]
-        if read_commit(self.run.store, step) is None:
-            entry = put_object(self.run.store, f"{step}/{name}", to_bytes(payload))
-            write_step(self.run.store, step, {}, refs={name: entry}, meta={
-                "round": r, "cloud": self.run.cloud, "samples": self.share * self.spec.inner_steps,
+        meta = {"round": r, "cloud": self.run.cloud, "samples": self.share * self.spec.inner_steps,
                 "losses": losses, "step_s": work.step_s, "compute_s": work.compute_s, "folded_at_step": work.folded_at,
                 "cap": self.cap["cap"], "started_at": work.started_at, "exchange": self._made(), **self.ready,
                 "eval_s": self.eval_s, "eval_cpu_s": self.eval_cpu_s,  # inside the round's figures: the evaluations
-                "cpu_s": time.process_time() - self._cpu,  # the process's, every thread, since the last commit
+                "cpu_s": time.process_time() - self._cpu,  # the process's, every thread, since the last round's end
+                "train_cpu_s": work.train_cpu_s,  # of which the program's steps (between diloco.step calls)
                 "peak_memory_gb": peak_memory_gb(self.run.device), "batch": self.run.batch_size,
-                "upload_s": time.perf_counter() - t + work.state_s})  # the round's writes: its state and its delta
+                "upload_s": work.state_s}  # training's part of the round's writes: the state's snapshot
         self.eval_s = self.eval_cpu_s = 0.0
         self._cpu = time.process_time()
-        self.inflight = _beside(self._exchange, r, self.known.params)
+        self.inflight = _beside(self._round_beside, r, snap, delta, meta, self.known.params, self.known.round)
         line = (f"round {r}: trained before the restart, committed" if restored and self.share > 0 else
                 round_line(r, losses, work, self.cap, self.ready, self.spec.inner_steps))
         print(line, flush=True)
 
-    def _exchange(self, r: int, known: dict[str, torch.Tensor]) -> RoundResult:
-        """Round ``r``'s exchange (in its thread): the global made, then committed beside training."""
+    def _round_beside(self, r: int, snap: Snapshot | None, delta: dict[str, torch.Tensor], meta: dict,
+                      known: dict[str, torch.Tensor], known_round: int) -> RoundResult:
+        """Round ``r`` beside training: the state a restart goes on from, the round's commit, then its exchange.
+
+        The state comes first, so a commit always has a state that goes on after it; it names
+        global ``known_round``, whose copy (and momentum) the last exchange committed.
+        """
+        t = time.perf_counter()
+        self.exchange.published()
+        if snap is not None:
+            self.states.write(snap, self._known_object(known_round))
+        step = self.keys.cloud_step(self.run.cloud, r)
+        name, payload = (("delta.int8.safetensors", self.feedback.compress(delta)) if self.feedback
+                         else ("delta.safetensors", delta))
+        if read_commit(self.run.store, step) is None:
+            entry = put_object(self.run.store, f"{step}/{name}", to_bytes(payload))
+            write_step(self.run.store, step, {}, refs={name: entry},
+                       meta={**meta, "commit_s": time.perf_counter() - t})  # writing state and delta, beside training
         result = self.exchange.round(r, known)
         self.exchange.publish(result, wait=False)
         return result
@@ -263,6 +276,9 @@ class DiLoCo:
                 self._fold_in()
             if self.exchange:
                 self.exchange.close()  # committed in the cloud's store before the sub-task may end
+                self.run.store.put(self.keys.sdk_finished(self.run.cloud), json.dumps({  # the last round's tail
+                    "cpu_s": time.process_time() - self._cpu, "eval_s": self.eval_s, "eval_cpu_s": self.eval_cpu_s,
+                    "at": time.time()}).encode())
             self.done = True
             return
         self._next_round(r)
@@ -333,7 +349,7 @@ class DiLoCo:
         file = TensorFile(result.params) if result else None
         try:
             with torch.no_grad():
-                for name, p in sorted(parameters(self.model).items()):
+                for name, p in sorted(self.params.items()):
                     new = file.read(name).view(p.shape) if file else torch.empty(p.shape, dtype=torch.float32)
                     if self.run.world_size > 1:
                         moved = new.to(self.run.device)
@@ -361,7 +377,7 @@ class DiLoCo:
             program = self.plan.program
             module = load_program(local_file(self.run.store, self.run.tenant, program.code, program.file), program.name)
             self._evaluate, self.run.eval_batches = module.evaluate, getattr(module, "EVAL_BATCHES", None)
-        saved = {n: p.detach().clone() for n, p in parameters(self.model).items()}
+        saved = {n: p.detach().clone() for n, p in self.params.items()}
         load_params(self.model, self.known.params)
         loss, error, t0, c0 = math.nan, "", time.perf_counter(), time.process_time()
         try:

@@ -14,11 +14,17 @@ global folded in is not written again: the cloud's own store holds it already
 (its commit of that global), and the state's commit names that object (a
 ``ref``, verified by its sha256 when read back). Retention keeps at least the
 last two globals, so the global the newest state names outlives it.
+
+The state's tensors are packed, one flat tensor per dtype, so a model of
+thousands of small tensors costs a few copies and one header, and the pack is
+the snapshot: training goes on while it is written (``StateWriter``, in the
+round's exchange thread, before the round's commit).
 """
 
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass, field
 
 import torch
@@ -84,25 +90,93 @@ def _listed(store: ObjectStore, folder: str) -> list[str]:
     return [k for k in store.list(folder.rstrip("/")) if k.startswith(folder)]
 
 
-def save_state(store: ObjectStore, keys: RunKeys, cloud: str, state: CloudState, known: dict | None = None) -> None:
-    """Commit ``state`` as the cloud's newest, then delete the ones before it.
+def pack(tensors: dict[str, torch.Tensor], tag: str = "pack") -> tuple[dict[str, torch.Tensor], dict[str, list]]:
+    """``tensors`` copied into one flat CPU tensor per dtype (``<tag>/<dtype>``), and where each lies:
+    ``{name: [pack, shape, offset]}``."""
+    groups: dict[str, list[tuple[str, torch.Tensor]]] = {}
+    for name, t in tensors.items():
+        groups.setdefault(f"{tag}/{str(t.dtype).removeprefix('torch.')}", []).append((name, t))
+    packed, layout = {}, {}
+    for key, items in groups.items():
+        flats = [t.detach().reshape(-1).cpu() for _, t in items]
+        packed[key] = torch.cat(flats) if len(flats) > 1 else flats[0].clone()
+        offset = 0
+        for (name, t), flat in zip(items, flats):
+            layout[name] = [key, list(t.shape), offset]
+            offset += flat.numel()
+    return packed, layout
 
-    ``known``: the committed object (key, size, sha256) in ``store`` that holds
-    ``state.known_params`` byte for byte, named instead of written again.
-    """
+
+def unpack(packed: dict[str, torch.Tensor], layout: dict[str, list]) -> dict[str, torch.Tensor]:
+    """The tensors ``pack`` packed, as views of its flat tensors."""
+    out = {}
+    for name, (key, shape, offset) in layout.items():
+        n = math.prod(shape)
+        out[name] = packed[key][offset:offset + n].view(shape)
+    return out
+
+
+@dataclass
+class Snapshot:
+    """A state packed for writing: a copy of everything, so training can change the model while it is written."""
+
+    round: int
+    packed: dict[str, torch.Tensor]
+    meta: dict
+    known: dict[str, torch.Tensor]  # the known global, not copied: a global's tensors are never changed in place
+
+
+def snapshot(state: CloudState) -> Snapshot:
+    """``state`` copied and packed, but for its known global, which the write names (or packs, where it cannot)."""
     opt_tensors, opt_meta = _flatten_optimizer(state.optimizer)
-    tensors = {**_prefixed("params", state.params), **({} if known else _prefixed("known", state.known_params)),
-               **_prefixed("drift", state.drift), **_prefixed("residual", state.residual), **opt_tensors,
+    tensors = {**_prefixed("params", state.params), **_prefixed("drift", state.drift),
+               **_prefixed("residual", state.residual), **opt_tensors,
                **{k: v for r, own in state.own.items() for k, v in _prefixed(f"own{r}", own).items()}}
+    packed, layout = pack(tensors)
     meta = {"round": state.round, "steps": state.steps, "known_round": state.known_round, "own": sorted(state.own),
-            "metas": {str(r): m for r, m in state.metas.items()}, "share": state.share, "optimizer": opt_meta}
-    step = keys.cloud_state(cloud, state.round)
-    write_step(store, step, {TENSORS: to_bytes(tensors), META: json.dumps(meta, sort_keys=True).encode()},
-               refs={KNOWN: known} if known else None)
-    for key in _listed(store, f"{keys.root}/state/{cloud}/"):
-        parts = key[len(f"{keys.root}/state/{cloud}/"):].split("/")
-        if parts[0].isdigit() and int(parts[0]) < state.round:
-            store.delete(key)
+            "metas": {str(r): m for r, m in state.metas.items()}, "share": state.share, "optimizer": opt_meta,
+            "layout": layout}
+    return Snapshot(state.round, packed, meta, state.known_params)
+
+
+class StateWriter:
+    """Writes a cloud's states, each the newest, and deletes the one before it.
+
+    The first write lists what earlier sub-tasks left; later ones delete the
+    previous state by its keys, so a round costs no listing of the store.
+    """
+
+    def __init__(self, store: ObjectStore, keys: RunKeys, cloud: str):
+        self.store, self.keys, self.cloud = store, keys, cloud
+        self.folder = f"{keys.root}/state/{cloud}/"
+        self.before: list[str] | None = None  # the keys of the last state written, once one is
+
+    def write(self, snap: Snapshot, known: dict | None) -> None:
+        """Commit ``snap``, naming ``known`` (the committed object in the store that holds its known global byte for
+        byte; None: none does, the global is written too), then delete the states before it."""
+        step = self.keys.cloud_state(self.cloud, snap.round)
+        packed, meta = snap.packed, snap.meta
+        if known is None:
+            more, layout = pack(_prefixed("known", snap.known), tag="known")
+            packed, meta = {**packed, **more}, {**meta, "layout": {**meta["layout"], **layout}}
+        commit = write_step(self.store, step, {TENSORS: to_bytes(packed), META: json.dumps(meta, sort_keys=True).encode()},
+                            refs={KNOWN: known} if known else None)
+        older = self.before if self.before is not None else _listed(self.store, self.folder)
+        for key in sorted(older, key=lambda k: not k.endswith("/COMMIT.json")):  # the commit first
+            if 0 <= _round_of(key[len(self.folder):]) < snap.round:  # states only (sdk-started.json lies beside)
+                self.store.delete(key)
+        self.before = [e["key"] for n, e in commit["objects"].items() if n != KNOWN] + [f"{step}/COMMIT.json"]
+
+
+def _round_of(rest: str) -> int:
+    """The round of a key under a cloud's state folder; -1 for what is not a state's."""
+    head = rest.split("/")[0]
+    return int(head) if head.isdigit() else -1
+
+
+def save_state(store: ObjectStore, keys: RunKeys, cloud: str, state: CloudState, known: dict | None = None) -> None:
+    """Commit ``state`` as the cloud's newest at once (``StateWriter`` for a sub-task's rounds)."""
+    StateWriter(store, keys, cloud).write(snapshot(state), known)
 
 
 def latest_state(store: ObjectStore, keys: RunKeys, cloud: str) -> CloudState | None:
@@ -116,11 +190,13 @@ def latest_state(store: ObjectStore, keys: RunKeys, cloud: str) -> CloudState | 
             continue
         tensors = from_bytes(read_object(store, commit, TENSORS))
         meta = json.loads(read_object(store, commit, META))
+        tensors = unpack(tensors, meta["layout"])
         return CloudState(
             round=meta["round"], steps=meta["steps"], params=_part(tensors, "params"),
             optimizer=_unflatten_optimizer(tensors, meta["optimizer"]), known_round=meta["known_round"],
             known_params=(from_bytes(read_object(store, commit, KNOWN)) if KNOWN in commit["objects"]
-                          else _part(tensors, "known")), own={r: _part(tensors, f"own{r}") for r in meta["own"]},
+                          else _part(tensors, "known")),
+            own={r: _part(tensors, f"own{r}") for r in meta["own"]},
             drift=_part(tensors, "drift"), metas={int(r): m for r, m in meta["metas"].items()},
             residual=_part(tensors, "residual"), share=meta["share"],
         )

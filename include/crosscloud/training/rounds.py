@@ -102,7 +102,8 @@ class RoundWork:
     fold_s: float = 0.0  # spent looking for and folding in a global while training (overlap)
     folded_at: int | None = None  # the step a global was folded in before, if one was
     compute_s: float = 0.0  # the round's training time, folding left out
-    state_s: float = 0.0  # saving the cloud's own state, which a restart resumes from
+    train_cpu_s: float = 0.0  # the program's CPU on the training thread between diloco.step calls
+    state_s: float = 0.0  # snapshotting the cloud's own state, which a restart resumes from (written beside)
 
 
 def round_line(r: int, losses: list[float], work: RoundWork, cap: dict, ready: dict, inner_steps: int) -> str:

@@ -35,6 +35,7 @@ from crosscloud.training.stopped import Stopped
 
 MOMENTUM = "outer_momentum.safetensors"
 INSPECTING = 2  # deltas inspected at the same time: each holds a few fragments
+_NO_DELTA = "cloud {cloud}: its commit lists no pseudo-gradient"
 
 
 @dataclass
@@ -180,7 +181,7 @@ class CloudExchange:
 
         def one(cloud: str, c: dict) -> tuple[Delta, float]:
             if c["entry"] is None:
-                raise IntegrityError(f"cloud {cloud}: its commit lists no pseudo-gradient")
+                raise IntegrityError(_NO_DELTA.format(cloud=cloud))
             path = folder / f"{cloud}.safetensors"
             download(self.stores[cloud], c["entry"], path)
             delta = Delta(cloud, path)
@@ -199,9 +200,12 @@ class CloudExchange:
                     deltas[cloud], norms[cloud] = future.result()
                 except (IntegrityError, TensorFileError) as exc:
                     refused[cloud] = str(exc)
-        read = sum(int(c["entry"]["size"]) for cloud, c in members.contributions.items()
+        return deltas, norms, refused, self._read_bytes(members)
+
+    def _read_bytes(self, members: Members) -> int:
+        """The bytes a round reads from other clouds' stores: every other member's delta, once."""
+        return sum(int(c["entry"]["size"]) for cloud, c in members.contributions.items()
                    if cloud != self.cloud and c["entry"] is not None)
-        return deltas, norms, refused, read
 
     def _streamed(self, r: int, members: Members, folder: Path, layout: dict, known: dict[str, torch.Tensor]):
         """Every delta folded in as it lands, then screened; the same bytes as ``_blocking``, refusals included.
@@ -219,11 +223,9 @@ class CloudExchange:
         refused: dict[str, str] = {}
         loads = {c: Download(self.stores[c], e["entry"], folder / f"{c}.safetensors")
                  for c, e in sorted(members.contributions.items()) if e["entry"] is not None}
-        refused.update({c: f"cloud {c}: its commit lists no pseudo-gradient"
-                        for c, e in members.contributions.items() if e["entry"] is None})
+        refused.update({c: _NO_DELTA.format(cloud=c) for c, e in members.contributions.items() if e["entry"] is None})
         deltas = self._landing(loads, layout, refused)
-        read = sum(int(c["entry"]["size"]) for cloud, c in members.contributions.items()
-                   if cloud != self.cloud and c["entry"] is not None)
+        read = self._read_bytes(members)
         try:
             squares: dict[str, dict[str, float]] = {}
             try:

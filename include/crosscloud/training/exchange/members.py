@@ -99,7 +99,8 @@ def cloud_record(meta: dict) -> dict:
     """What a round's record keeps of a cloud's commit."""
     steps = meta.get("step_s") or [0.0]  # a cloud whose work was shifted away trains no step
     keep = ("wait_s", "download_s", "compute_s", "upload_s", "losses", "step_s", "started_at", "folded_at_step",
-            "exchange", "samples", "peak_memory_gb", "batch", "eval_s", "eval_cpu_s", "cpu_s")  # the last three: what the program costs (sizing)
+            "exchange", "samples", "peak_memory_gb", "batch", "commit_s",  # commit_s: state and delta, written beside
+            "eval_s", "eval_cpu_s", "cpu_s", "train_cpu_s")  # what the program and the SDK cost
     return {**{k: meta.get(k) for k in keep}, "mean_step_s": sum(steps) / len(steps), "cap": meta.get("cap", 1.0)}
 
 
