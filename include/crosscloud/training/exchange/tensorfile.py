@@ -17,6 +17,7 @@ from pathlib import Path
 import torch
 
 HASH_QUEUE = 2  # fragments written but not yet hashed, at most
+HASH_INLINE = 256 * 1024  # bytes: a fragment this small is hashed at once (handing it over costs more than hashing it)
 
 DTYPES = {"F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16, "F64": torch.float64,
           "I8": torch.int8, "U8": torch.uint8, "I16": torch.int16, "I32": torch.int32, "I64": torch.int64,
@@ -103,7 +104,8 @@ class TensorFileWriter:
     Tensors are laid out in sorted name order with a deterministic header, so two
     clouds writing the same values write the same bytes: the file's sha256 is the digest.
     Written in order (as the reduce writes), it is hashed on the way (``digest``),
-    by a thread of its own, so the hashing overlaps the writer's next fragment.
+    by a thread of its own, so the hashing overlaps the writer's next fragment
+    (small fragments, a model's biases and norms, are hashed at once).
     ``reuse``: an existing file of the same layout is written over in place,
     not truncated: its pages are already the process's to write (on a machine
     where memory first touched is slow, a new file per round costs more than
@@ -144,7 +146,12 @@ class TensorFileWriter:
         at, data = self.base + offset + start * dtype.itemsize, memoryview(flat.numpy())
         os.pwrite(self.fd, data, at)
         if self._hash is not None and at == self._hashed:
-            self._queued.append(self._hashing.submit(self._hash.update, data))  # ``data`` keeps ``flat`` alive
+            while self._queued and self._queued[0].done():
+                self._queued.pop(0).result()
+            if len(data) <= HASH_INLINE and not self._queued:
+                self._hash.update(data)
+            else:
+                self._queued.append(self._hashing.submit(self._hash.update, data))  # ``data`` keeps ``flat`` alive
             self._hashed += len(data)
             while len(self._queued) > HASH_QUEUE:  # a bounded few fragments wait for the hasher
                 self._queued.pop(0).result()
