@@ -28,7 +28,10 @@ job's own defaults are 1.0 / 0, which write no momentum), no evaluation due.
 1. every cloud's deltas of every round are committed first; then each cloud,
    one after another, runs ``CloudExchange.round(r, known)`` for r = 0 ..
    ``--rounds`` - 1 in a fresh process of its own (``--role cloud``): the
-   first decides each round's members, the others read them. ``known`` is the
+   first decides each round's members, the others read them. Before each
+   round's clock starts, the cloud hands the exchange its own delta's bytes
+   (``CloudExchange.hand_in``), as the sub-task that committed them does, so
+   the round reads only its peers' deltas; the bytes count in its peak. ``known`` is the
    model, built before anything is measured; after each round the model takes
    the new global in place, as a cloud folds it in.
 2. the watcher, ``training.watcher.Watcher(plan, stores, handles=[]).act()``,
@@ -296,6 +299,7 @@ def cloud_role(job: dict) -> dict:
     import threading
 
     import torch
+    from crosscloud.store.commit import read_commit
     from crosscloud.training.exchange import cloud as xc
     from crosscloud.training.exchange import transfer
     from crosscloud.training.exchange.tensorfile import TensorFile
@@ -314,6 +318,9 @@ def cloud_role(job: dict) -> dict:
     base, rounds = rss(), []
     for r in range(job["rounds"]):
         timers.clear()
+        own = read_commit(stores[job["cloud"]], plan.keys.cloud_step(job["cloud"], r))["objects"]
+        entry = next(iter(own.values()))
+        exchange.hand_in(entry, stores[job["cloud"]].get(entry["key"]))  # what the sub-task holds, as it committed it
         reset_peak()
         t = time.perf_counter()
         result = exchange.round(r, known)  # the global made: what training waits for

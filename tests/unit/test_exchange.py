@@ -143,6 +143,38 @@ def test_every_cloud_makes_the_same_global_and_drops_the_same_poisoned_and_damag
     assert all(set(r.refused) == {"shanghai"} and "sha256" in r.refused["shanghai"] for r in again.values())
 
 
+class _CountingStore(LocalStore):
+    """A cloud's store that remembers every object read from it."""
+
+    def __init__(self, root, cloud):
+        super().__init__(root, cloud)
+        self.read: list[str] = []
+
+    def get_range(self, key: str, start: int, length: int) -> bytes:
+        self.read.append(key)
+        return super().get_range(key, start, length)
+
+
+def test_a_cloud_folds_its_own_delta_from_the_bytes_it_committed_not_from_its_store(tmp_path):
+    plan, stores = _plan(tmp_path, JobSpec(rounds=3, compression="int8"))
+    own = _CountingStore(tmp_path / "beijing", "beijing")
+    exchanges = _exchanges(plan, stores, tmp_path)
+    exchanges["beijing"] = CloudExchange(plan, "beijing", {**stores, "beijing": own}, tmp_path / "spool" / "beijing",
+                                         log=lambda m: None)
+    known = _model()
+    for r, wrong in ((0, False), (1, True)):
+        for c, d in _deltas(r).items():
+            _commit_delta(plan, stores[c], c, r, d)
+        entry = read_commit(own, plan.keys.cloud_step("beijing", r))["objects"]["delta.int8.safetensors"]
+        data = own.get(entry["key"])  # the bytes the sub-task committed, as it still holds them
+        exchanges["beijing"].hand_in({**entry, "sha256": "0" * 64} if wrong else entry, b"x" * len(data) if wrong else data)
+        digests = {c: _round(exchanges[c], r, dict(known)).digest for c in CLOUDS}
+        assert len(set(digests.values())) == 1  # the same global as the clouds that read it from beijing's store
+        # handed bytes are used only when they are what the commit names; else the store is read
+        assert (entry["key"] in own.read) == wrong
+        known = {n: t.clone() for n, t in load_file(exchanges["beijing"].last.params).items()}
+
+
 def test_a_cloud_past_its_patience_is_left_out_once_and_for_all_and_a_lost_cloud_stops(tmp_path):
     plan, stores = _plan(tmp_path, JobSpec(rounds=3, round_timeout_s=1.0))
     for c, d in _deltas(0).items():

@@ -238,13 +238,14 @@ class DiLoCo:
                 "upload_s": work.state_s}  # training's part of the round's writes: the state's snapshot
         self.eval_s = self.eval_cpu_s = 0.0
         self._cpu = time.process_time()
-        self.inflight = _beside(self._round_beside, r, snap, delta, meta, self.known.params, self.known.round)
+        held = [snap, delta]  # handed over: the thread lets go of each as soon as it is written
+        self.inflight = _beside(self._round_beside, r, held, meta, self.known.params, self.known.round)
         line = (f"round {r}: trained before the restart, committed" if restored and self.share > 0 else
                 round_line(r, losses, work, self.cap, self.ready, self.spec.inner_steps))
         print(line, flush=True)
 
-    def _round_beside(self, r: int, snap: Snapshot | None, delta: dict[str, torch.Tensor], meta: dict,
-                      known: dict[str, torch.Tensor], known_round: int) -> RoundResult:
+    def _round_beside(self, r: int, held: list, meta: dict, known: dict[str, torch.Tensor],
+                      known_round: int) -> RoundResult:
         """Round ``r`` beside training: the state a restart goes on from, the round's commit, then its exchange.
 
         The state comes first, so a commit always has a state that goes on after it; it names
@@ -252,13 +253,19 @@ class DiLoCo:
         """
         t = time.perf_counter()
         self.exchange.published()
+        snap: Snapshot | None = held.pop(0)  # [snapshot, delta]: not held through the exchange
         if snap is not None:
             self.states.write(snap, self._known_object(known_round))
-        step = self.keys.cloud_step(self.run.cloud, r)
+        del snap
+        step, delta = self.keys.cloud_step(self.run.cloud, r), held.pop(0)
         name, payload = (("delta.int8.safetensors", self.feedback.compress(delta)) if self.feedback
                          else ("delta.safetensors", delta))
-        if read_commit(self.run.store, step) is None:
-            entry = put_object(self.run.store, f"{step}/{name}", to_bytes(payload))
+        data = to_bytes(payload) if read_commit(self.run.store, step) is None else None
+        del delta, payload
+        if data is not None:
+            entry = put_object(self.run.store, f"{step}/{name}", data)
+            self.exchange.hand_in(entry, data)  # the round reads this cloud's delta from here, not its store
+            del data  # the exchange holds it until the round writes it to its spool
             write_step(self.run.store, step, {}, refs={name: entry},
                        meta={**meta, "commit_s": time.perf_counter() - t})  # writing state and delta, beside training
         result = self.exchange.round(r, known)

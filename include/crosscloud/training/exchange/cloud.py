@@ -63,6 +63,7 @@ class CloudExchange:
         self.momentum: Path | None = None  # the outer momentum of the newest global, when the outer step has any
         self.last: RoundResult | None = None  # the round made last: its file stays until the next round
         self._spares: dict[str, Path] = {}  # "global"/"momentum": files done with, written over by the next round
+        self._handed: dict[str, tuple[dict, bytes]] = {}  # key -> (entry, bytes): this cloud's delta, as committed
         self._publishing: threading.Thread | None = None
         self._publish_error: BaseException | None = None
 
@@ -79,6 +80,17 @@ class CloudExchange:
             raise IntegrityError(f"cloud {self.cloud}: cannot resume after global {global_}: its outer momentum is not "
                                  "committed in this cloud's store")
         return global_report(commit["meta"] if commit else {})
+
+    def hand_in(self, entry: dict, data: bytes) -> None:
+        """The delta this cloud just committed as ``entry`` (``put_object``'s), as its bytes: the next round writes
+        them to its spool instead of reading them back from the cloud's store."""
+        self._handed = {entry["key"]: (entry, data)}
+
+    def _handed_bytes(self, entry: dict | None) -> bytes | None:
+        """The handed bytes of ``entry``, once, if they are exactly what it names."""
+        held = self._handed.pop(entry["key"], None) if entry else None
+        same = held is not None and (held[0]["sha256"], held[0]["size"]) == (entry["sha256"], entry["size"])
+        return held[1] if same else None
 
     def round(self, r: int, known: dict[str, torch.Tensor]) -> RoundResult:
         """Global ``r + 1`` from global ``r`` (``known``) and round ``r``'s members' deltas, as a local file.
@@ -103,6 +115,7 @@ class CloudExchange:
                 params, momentum, refused, read, stats = self._blocking(r, members, folder, layout, known)
         finally:
             shutil.rmtree(folder, ignore_errors=True)
+            self._handed = {}
         self._adopt(momentum)
         stats = {"decide_s": t1 - t0, **stats, "reduce_s": time.perf_counter() - t1 - stats["fetch_s"],
                  "read_bytes": read}
@@ -183,7 +196,7 @@ class CloudExchange:
             if c["entry"] is None:
                 raise IntegrityError(_NO_DELTA.format(cloud=cloud))
             path = folder / f"{cloud}.safetensors"
-            download(self.stores[cloud], c["entry"], path)
+            download(self.stores[cloud], c["entry"], path, self._handed_bytes(c["entry"]))
             delta = Delta(cloud, path)
             try:
                 with inspecting:
@@ -221,7 +234,7 @@ class CloudExchange:
         """
         t = time.perf_counter()
         refused: dict[str, str] = {}
-        loads = {c: Download(self.stores[c], e["entry"], folder / f"{c}.safetensors")
+        loads = {c: Download(self.stores[c], e["entry"], folder / f"{c}.safetensors", self._handed_bytes(e["entry"]))
                  for c, e in sorted(members.contributions.items()) if e["entry"] is not None}
         refused.update({c: _NO_DELTA.format(cloud=c) for c, e in members.contributions.items() if e["entry"] is None})
         deltas = self._landing(loads, layout, refused)
