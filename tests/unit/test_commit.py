@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import pytest
+import torch
 
 from crosscloud.core.keys import RunKeys, manifest_key
 from crosscloud.store.base import LocalStore, StoreError
-from crosscloud.store.commit import read_commit, read_step, write_step
-from crosscloud.store.digest import IntegrityError
+from crosscloud.store.commit import put_tensors, read_commit, read_step, write_step
+from crosscloud.store.digest import IntegrityError, sha256
+from crosscloud.store.tensors import TensorsReader, from_bytes, to_bytes
 
 
 @pytest.fixture()
@@ -60,3 +62,21 @@ def test_names_cannot_escape_their_prefix(store):
         manifest_key("team-a", "../../etc/passwd")
     with pytest.raises(StoreError, match="escapes the store root"):
         store.put("../outside", b"x")
+
+
+def test_tensors_are_written_as_safetensors_from_their_own_buffers(store):
+    """The object streamed from the tensors is the safetensors file any reader loads, its entry names its size and
+    sha256, and the stream can be sought (a retried upload sends it again from the start)."""
+    tensors = {"b": torch.arange(5, dtype=torch.int8), "a": torch.randn(3, 4), "s": torch.tensor(2.5),
+               "h": torch.randn(6).to(torch.bfloat16)}
+    entry = put_tensors(store, "run/0/t.safetensors", tensors)
+    data = store.get("run/0/t.safetensors")
+    assert entry == {"key": "run/0/t.safetensors", "size": len(data), "sha256": sha256(data)}
+    back = from_bytes(data)
+    assert set(back) == set(tensors) and all(torch.equal(back[n], t) for n, t in tensors.items())
+    assert len(data) <= len(to_bytes(tensors))  # no bigger than what safetensors itself writes
+    reader = TensorsReader(tensors)
+    reader.seek(10)
+    assert reader.read(7) == data[10:17] and reader.tell() == 17
+    reader.seek(0)
+    assert reader.read() == data

@@ -13,9 +13,12 @@ import hashlib
 import json
 from collections.abc import Iterable, Iterator
 
+import torch
+
 from crosscloud.store.base import ObjectNotFound, ObjectStore
 from crosscloud.store.chunks import BlobRef, iter_blob, read_blob
 from crosscloud.store.digest import IntegrityError, sha256
+from crosscloud.store.tensors import TensorsReader
 
 COMMIT = "COMMIT.json"
 # reads of an object that does not match its commit, in all: bits flipped in transit come right on a
@@ -27,6 +30,14 @@ def put_object(store: ObjectStore, key: str, data: bytes) -> dict:
     """Write one object and return its commit entry."""
     store.put(key, data)
     return {"key": key, "size": len(data), "sha256": sha256(data)}
+
+
+def put_tensors(store: ObjectStore, key: str, tensors: dict[str, torch.Tensor]) -> dict:
+    """Write ``tensors`` as one safetensors object, streamed from their own buffers (never a copy of the whole);
+    returns its commit entry."""
+    reader = TensorsReader(tensors)
+    store.put_stream(key, reader)
+    return {"key": key, "size": reader.size, "sha256": reader.sha256}
 
 
 def write_step(

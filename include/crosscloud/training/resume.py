@@ -31,8 +31,8 @@ import torch
 
 from crosscloud.core.keys import RunKeys
 from crosscloud.store.base import ObjectStore
-from crosscloud.store.commit import read_commit, read_object, write_step
-from crosscloud.store.tensors import from_bytes, to_bytes
+from crosscloud.store.commit import put_tensors, read_commit, read_object, write_step
+from crosscloud.store.tensors import from_bytes
 
 TENSORS, META, KNOWN = "state.safetensors", "state.json", "known.safetensors"
 
@@ -155,12 +155,14 @@ class StateWriter:
         """Commit ``snap``, naming ``known`` (the committed object in the store that holds its known global byte for
         byte; None: none does, the global is written too), then delete the states before it."""
         step = self.keys.cloud_state(self.cloud, snap.round)
-        packed, meta = snap.packed, snap.meta
-        if known is None:
-            more, layout = pack(_prefixed("known", snap.known), tag="known")
-            packed, meta = {**packed, **more}, {**meta, "layout": {**meta["layout"], **layout}}
-        commit = write_step(self.store, step, {TENSORS: to_bytes(packed), META: json.dumps(meta, sort_keys=True).encode()},
-                            refs={KNOWN: known} if known else None)
+        commit = read_commit(self.store, step)
+        if commit is None:  # a state is written once: a committed one is never overwritten, not even its objects
+            packed, meta = snap.packed, snap.meta
+            if known is None:
+                more, layout = pack(_prefixed("known", snap.known), tag="known")
+                packed, meta = {**packed, **more}, {**meta, "layout": {**meta["layout"], **layout}}
+            refs = {TENSORS: put_tensors(self.store, f"{step}/{TENSORS}", packed), **({KNOWN: known} if known else {})}
+            commit = write_step(self.store, step, {META: json.dumps(meta, sort_keys=True).encode()}, refs=refs)
         older = self.before if self.before is not None else _listed(self.store, self.folder)
         for key in sorted(older, key=lambda k: not k.endswith("/COMMIT.json")):  # the commit first
             if 0 <= _round_of(key[len(self.folder):]) < snap.round:  # states only (sdk-started.json lies beside)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 import struct
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -16,14 +17,10 @@ from pathlib import Path
 
 import torch
 
+from crosscloud.store.tensors import DTYPES, header
+
 HASH_QUEUE = 2  # fragments written but not yet hashed, at most
 HASH_INLINE = 256 * 1024  # bytes: a fragment this small is hashed at once (handing it over costs more than hashing it)
-
-DTYPES = {"F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16, "F64": torch.float64,
-          "I8": torch.int8, "U8": torch.uint8, "I16": torch.int16, "I32": torch.int32, "I64": torch.int64,
-          "BOOL": torch.bool}
-NAMES = {v: k for k, v in DTYPES.items()}
-
 
 class TensorFileError(ValueError):
     """A file that is not a well-formed safetensors file."""
@@ -115,25 +112,16 @@ class TensorFileWriter:
     def __init__(self, path: str | os.PathLike, layout: dict[str, tuple[torch.dtype, tuple[int, ...]]],
                  reuse: bool = False):
         self.path = Path(path)
-        header, offset = {}, 0
-        for name in sorted(layout):
-            dtype, shape = layout[name]
-            numel = 1
-            for d in shape:
-                numel *= d
-            header[name] = {"dtype": NAMES[dtype], "shape": list(shape), "data_offsets": [offset, offset + numel * dtype.itemsize]}
-            offset += numel * dtype.itemsize
-        raw = json.dumps(header, separators=(",", ":")).encode()
-        raw += b" " * ((-len(raw)) % 8)
-        self.base = 8 + len(raw)
-        self.offsets = {n: (e["data_offsets"][0], layout[n][0]) for n, e in header.items()}
+        head, offsets = header(layout)
+        self.base = len(head)
+        self.offsets = {n: (offsets[n], layout[n][0]) for n in offsets}
+        end = self.base + sum(math.prod(shape) * dtype.itemsize for dtype, shape in layout.values())
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        keep = reuse and self.path.exists() and self.path.stat().st_size == self.base + offset
+        keep = reuse and self.path.exists() and self.path.stat().st_size == end
         self.fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | (0 if keep else os.O_TRUNC), 0o600)
-        head = struct.pack("<Q", len(raw)) + raw
         os.pwrite(self.fd, head, 0)
         if not keep:
-            os.ftruncate(self.fd, self.base + offset)
+            os.ftruncate(self.fd, end)
         self._hash, self._hashed = hashlib.sha256(head), self.base  # bytes hashed so far, while writes come in order
         self._hashing = ThreadPoolExecutor(1, thread_name_prefix="sha256")  # in order: one worker, FIFO
         self._queued: list[Future] = []
