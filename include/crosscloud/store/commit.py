@@ -12,13 +12,14 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Iterable, Iterator
-
-import torch
+from typing import TYPE_CHECKING
 
 from crosscloud.store.base import ObjectNotFound, ObjectStore
 from crosscloud.store.chunks import BlobRef, iter_blob, read_blob
 from crosscloud.store.digest import IntegrityError, sha256
-from crosscloud.store.tensors import TensorsReader
+
+if TYPE_CHECKING:  # torch only where tensors are written: the tasks that read commits never load it
+    import torch
 
 COMMIT = "COMMIT.json"
 # reads of an object that does not match its commit, in all: bits flipped in transit come right on a
@@ -35,6 +36,8 @@ def put_object(store: ObjectStore, key: str, data: bytes) -> dict:
 def put_tensors(store: ObjectStore, key: str, tensors: dict[str, torch.Tensor]) -> dict:
     """Write ``tensors`` as one safetensors object, streamed from their own buffers (never a copy of the whole);
     returns its commit entry."""
+    from crosscloud.store.tensors import TensorsReader
+
     reader = TensorsReader(tensors)
     store.put_stream(key, reader)
     return {"key": key, "size": reader.size, "sha256": reader.sha256}
