@@ -9,6 +9,7 @@ from __future__ import annotations
 import hashlib
 import io
 import json
+import math
 import struct
 
 import torch
@@ -41,21 +42,20 @@ def from_bytes(data: bytes) -> dict[str, torch.Tensor]:
         ) from None
 
 
-def header(layout: dict[str, tuple[torch.dtype, tuple[int, ...]]]) -> tuple[bytes, dict[str, int]]:
-    """The safetensors header of tensors laid out in sorted name order (8-byte length, JSON, padded to 8), and each
-    tensor's byte offset after it: deterministic, so the same tensors make the same bytes everywhere."""
+def header(layout: dict[str, tuple[torch.dtype, tuple[int, ...]]]) -> tuple[bytes, dict[str, int], int]:
+    """The safetensors header of tensors laid out in sorted name order (8-byte length, JSON, padded to 8), each
+    tensor's byte offset after it, and the bytes of them all: deterministic, so the same tensors make the same
+    bytes everywhere."""
     entries, offsets, offset = {}, {}, 0
     for name in sorted(layout):
         dtype, shape = layout[name]
-        numel = 1
-        for d in shape:
-            numel *= d
-        entries[name] = {"dtype": NAMES[dtype], "shape": list(shape), "data_offsets": [offset, offset + numel * dtype.itemsize]}
+        nbytes = math.prod(shape) * dtype.itemsize
+        entries[name] = {"dtype": NAMES[dtype], "shape": list(shape), "data_offsets": [offset, offset + nbytes]}
         offsets[name] = offset
-        offset += numel * dtype.itemsize
+        offset += nbytes
     raw = json.dumps(entries, separators=(",", ":")).encode()
     raw += b" " * ((-len(raw)) % 8)
-    return struct.pack("<Q", len(raw)) + raw, offsets
+    return struct.pack("<Q", len(raw)) + raw, offsets, offset
 
 
 class TensorsReader(io.RawIOBase):
@@ -65,7 +65,7 @@ class TensorsReader(io.RawIOBase):
     """
 
     def __init__(self, tensors: dict[str, torch.Tensor]):
-        head, _ = header({n: (t.dtype, tuple(t.shape)) for n, t in tensors.items()})
+        head, _, _ = header({n: (t.dtype, tuple(t.shape)) for n, t in tensors.items()})
         self._parts = [memoryview(head)] + [memoryview(_raw(tensors[n])) for n in sorted(tensors)]
         self.size, self._at = sum(len(p) for p in self._parts), 0
         digest = hashlib.sha256()

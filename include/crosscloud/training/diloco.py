@@ -198,7 +198,7 @@ class DiLoCo:
             self._fold_in()
         self.ready["wait_s"] += time.perf_counter() - tw
         self.ready["download_s"] += work.fold_s
-        params = _fp32(self.params)  # one copy of the round's end, for its progress and the saved state
+        params = {n: p.detach().float() for n, p in self.params.items()}  # no copy: the snapshot makes the state's
         progress = {n: (p - self.base[n]).cpu() for n, p in params.items()}
         self.known.record(r, progress)
         ts = time.perf_counter()
@@ -222,10 +222,10 @@ class DiLoCo:
     def _commit(self, r: int, progress: dict[str, torch.Tensor], work: RoundWork, snap: Snapshot | None = None,
                 restored: bool = False) -> None:
         """Rank 0 hands round ``r`` to its thread beside training: the state ``snap``, then the commit, then the exchange."""
-        delta = {n: -p for n, p in progress.items()}
         self.run.rounds_committed = r + 1  # every rank counts it: the program's end is checked on each
         if self.run.rank != 0:
             return
+        delta = {n: -p for n, p in progress.items()}
         losses = [float(x) for x in (torch.stack(work.losses).tolist() if work.losses and torch.is_tensor(work.losses[0])
                                      else work.losses)]
         meta = {"round": r, "cloud": self.run.cloud, "samples": self.share * self.spec.inner_steps,

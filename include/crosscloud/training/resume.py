@@ -184,8 +184,8 @@ def save_state(store: ObjectStore, keys: RunKeys, cloud: str, state: CloudState,
 def latest_state(store: ObjectStore, keys: RunKeys, cloud: str) -> CloudState | None:
     """The cloud's newest committed state, or None when it has trained no round yet."""
     prefix = f"{keys.root}/state/{cloud}/"
-    rounds = sorted({int(k[len(prefix):].split("/")[0]) for k in _listed(store, prefix)
-                     if k.endswith("/COMMIT.json") and k[len(prefix):].split("/")[0].isdigit()}, reverse=True)
+    rounds = sorted({_round_of(k[len(prefix):]) for k in _listed(store, prefix) if k.endswith("/COMMIT.json")} - {-1},
+                    reverse=True)
     for r in rounds:
         commit = read_commit(store, keys.cloud_state(cloud, r))
         if commit is None:

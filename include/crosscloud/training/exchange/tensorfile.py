@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import math
 import os
 import struct
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -21,6 +20,7 @@ from crosscloud.store.tensors import DTYPES, header
 
 HASH_QUEUE = 2  # fragments written but not yet hashed, at most
 HASH_INLINE = 256 * 1024  # bytes: a fragment this small is hashed at once (handing it over costs more than hashing it)
+
 
 class TensorFileError(ValueError):
     """A file that is not a well-formed safetensors file."""
@@ -112,10 +112,9 @@ class TensorFileWriter:
     def __init__(self, path: str | os.PathLike, layout: dict[str, tuple[torch.dtype, tuple[int, ...]]],
                  reuse: bool = False):
         self.path = Path(path)
-        head, offsets = header(layout)
-        self.base = len(head)
+        head, offsets, size = header(layout)
+        self.base, end = len(head), len(head) + size
         self.offsets = {n: (offsets[n], layout[n][0]) for n in offsets}
-        end = self.base + sum(math.prod(shape) * dtype.itemsize for dtype, shape in layout.values())
         self.path.parent.mkdir(parents=True, exist_ok=True)
         keep = reuse and self.path.exists() and self.path.stat().st_size == end
         self.fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | (0 if keep else os.O_TRUNC), 0o600)
