@@ -137,6 +137,8 @@ def parse_args(argv):
     p.add_argument("--objective", default="cost", help="queue policy: cost, carbon, or a carbon weight in between")
     p.add_argument("--no-make-room", action="store_true",
                    help="queue policy: a run that must start within the hour does not pause running deferrable work")
+    p.add_argument("--no-expected-work", action="store_true",
+                   help="queue policy: the plan of deferred runs does not leave room for the work expected to arrive")
     p.add_argument("--forecast-weeks", type=int, default=4)
     return p.parse_args(argv)
 
@@ -270,7 +272,7 @@ def main(argv=None) -> int:
         carbon_view = carbon_oracle(feed, regions, zones, args.no_day_ahead).view if args.objective != "cost" else None
         aware = run_queue(jobs, batches, clouds, horizon, oracle.view, t0, args.objective, carbon_view,
                           devices_for_batches(clouds), oracle.known_until, None if args.no_price_band else band,
-                          not args.no_make_room)
+                          not args.no_make_room, not args.no_expected_work)
     else:
         aware = schedule(args.policy, jobs, batches, clouds, horizon, view=oracle.view, t0=t0,
                          replan=not args.no_replan, **(guard if args.policy == "price-lp" else {}))

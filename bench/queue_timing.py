@@ -78,7 +78,7 @@ def rates(clouds: Sequence[CloudSpec], prices: View, carbon: View | None, hour: 
 def run_queue(jobs: Sequence[TrainingJob], batches: Sequence[BatchJob], clouds: Sequence[CloudSpec], horizon: int,
               prices: View, t0: int, objective: str = "cost", carbon: View | None = None,
               batch_devices: int = 4, known_until: Callable[[int], int] | None = None,
-              band: dict[str, float] | None = None, make_room: bool = True) -> Schedule:
+              band: dict[str, float] | None = None, make_room: bool = True, expect: bool = True) -> Schedule:
     """The schedule the production queue makes of the work, hours relative to ``t0``."""
     pending = entries(jobs, batches, t0, objective, batch_devices)
     sites = [Site(c.name, ACC, c.jurisdiction, int(c.devices), int(c.devices), families=frozenset({FAMILY}))
@@ -91,6 +91,8 @@ def run_queue(jobs: Sequence[TrainingJob], batches: Sequence[BatchJob], clouds: 
         while k < len(pending) and pending[k][0] <= hour:
             waiting.append(pending[k][1])
             k += 1
+        # what the ledger holds of the last day's submissions: the pass expects that work again (``expected``)
+        sim.recent = [e for _, e in pending[:k] if e.submitted_at >= now - 86400] if expect else []
         if not waiting and not sim.running:
             if k >= len(pending):
                 break
@@ -109,7 +111,7 @@ def _pass(sim: _Sim, sites: list[Site], waiting: list[Entry], previous: dict, no
     world = World({FAMILY: [replace(s, free=sim.free[(s.cloud, ACC)]) for s in sites]}, dict(sim.free),
                   {key: list(v) for key, v in sim.releases.items()})
     result = run_pass(waiting, world, now, lambda *a: 0.0, previous, rates=seen, running=sim.as_running(now),
-                      make_room_for_due=make_room)
+                      make_room_for_due=make_room, recent=sim.recent)
     started = set()
     for entry, d in result.started:
         sim.start(entry, d, now)
@@ -131,6 +133,7 @@ class _Sim:
         self.free, self.out, self.t0 = free, out, t0
         self.releases: dict[tuple[str, str], list[tuple[float, int]]] = {key: [] for key in free}
         self.running: dict[tuple[str, str], tuple[Entry, tuple, float, float, list[int]]] = {}
+        self.recent: list[Entry] = []  # the entries submitted in the last day
 
     def finish(self, now: float) -> None:
         """Runs that ended give their devices back."""

@@ -220,3 +220,27 @@ def test_a_paused_run_gives_its_devices_back_and_waits_for_exactly_them(ledger):
     assert queue.status("team-a", "long").state == "running"
     assert [(r.cloud, r.devices) for r in ledger.active("team-a", "long")] == [("beijing", 2)]
     assert "resumes now" in queue.status("team-a", "long").decision.reason
+
+
+def test_a_pass_expects_again_the_runs_submitted_in_the_last_day(ledger, monkeypatch):
+    """The ledger keeps what was submitted; each pass hands the last day of it to the plan (``expected``)."""
+    from crosscloud.scheduler import service
+    from crosscloud.scheduler.timing import Rates
+
+    fed, now, seen = embedded(), [1000.0], []
+    real = service.run_pass
+    monkeypatch.setattr(service, "run_pass", lambda *a, **kw: seen.append(sorted(e.run_id for e in kw["recent"]))
+                        or real(*a, **kw))
+    queue = Queue(fed, ledger, clock=lambda: now[0], rates=lambda t: Rates(int(t // 3600), {}))
+
+    def submit(run_id, **job):
+        queue.submit(entry_for(fed, JobSpec(clouds=["beijing"], deferrable=True, deadline="30", **job), run_id,
+                               "byte-lm", 0, set(), now[0]))
+
+    submit("two-days-ago")
+    now[0] += 25 * 3600
+    submit("today")
+    ledger.queue.end("team-a", "two-days-ago", "done", "finished", now[0])
+    queue.run_pass(force=True)
+    assert seen[-1] == ["today"]
+    assert [r.run_id for r in ledger.queue.submitted_since(0.0)] == ["two-days-ago", "today"]

@@ -322,3 +322,39 @@ def test_a_run_as_cheap_now_as_later_starts_now_however_small_its_cost():
     # a short run costing a thousandth of a dollar: the joint plan's equal hours go to the earliest
     d = _pass([_entry("tiny", runtime_h=0.05)], _world(), _rates([2e-3] * 3 + [9] * 200)).decisions[("t", "tiny")]
     assert d.kind == "start"
+
+
+def test_the_work_expected_again_is_what_could_not_wait_in_the_last_day():
+    from dataclasses import replace
+
+    from crosscloud.scheduler.expected import expected_work
+
+    urgent = _entry("urgent", runtime_h=2.0, deadline_h=3.0 - 20, at=NOW - 20 * H)  # 1 h of slack, 20 h ago
+    flexible = _entry("flexible", runtime_h=2.0, deadline_h=26.0 - 20, at=NOW - 20 * H)  # 24 h of slack
+    old = _entry("old", runtime_h=2.0, deadline_h=3.0 - 30, at=NOW - 30 * H)  # more than a day ago
+    paused = replace(urgent, run_id="paused", parts=(("A", "gpu", 1),))
+    plain = replace(_entry("plain", runtime_h=2.0, at=NOW - 2 * H), deadline=None, deferrable=False)
+    got = {e.run_id: e for e in expected_work([urgent, flexible, old, paused, plain], NOW)}
+    assert set(got) == {"expected:urgent", "expected:plain"}
+    again = got["expected:urgent"]
+    assert again.submitted_at == urgent.submitted_at + 24 * H and again.deadline == urgent.deadline + 24 * H
+    # a run without a deadline is expected to start as it arrives
+    assert got["expected:plain"].deadline == NOW + 22 * H + 2 * H and got["expected:plain"].deferrable
+
+
+def test_a_deferred_run_leaves_the_cheap_device_to_the_urgent_work_expected_then():
+    # one device on A, cheap at hours 2-5; B is dear. Yesterday an urgent run (1 h of slack) came at this hour + 2:
+    # the flexible run planned alone takes hours 2-3; expecting that work again, it takes hours 4-5 and leaves
+    # the expected run the cheap hours it has no time to wait past. The expected run is never decided or held.
+    rates = Rates(int(NOW // H), {("A", "gpu"): np.asarray([5, 5, 1, 1, 1, 1] + [5] * 200, dtype=float),
+                                  ("B", "gpu"): np.full(206, 9.0)})
+    flexible = _entry("flexible", runtime_h=2.0, deadline_h=20.0)
+    yesterday = _entry("urgent", runtime_h=2.0, deadline_h=2.0 + 3.0 - 24, at=NOW + 2 * H - 24 * H)
+    world = lambda: _world(devices=1, clouds=("A", "B"))  # noqa: E731
+    alone = run_pass([flexible], world(), NOW, lambda *a: 0.0, rates=rates).decisions[("t", "flexible")]
+    assert alone.kind == "plan" and alone.planned_at == NOW + 2 * H
+    w = world()
+    result = run_pass([flexible], w, NOW, lambda *a: 0.0, rates=rates, recent=[flexible, yesterday])
+    d = result.decisions[("t", "flexible")]
+    assert d.kind == "plan" and d.planned_at == NOW + 4 * H and d.parts == (("A", "gpu", 1),)
+    assert set(result.decisions) == {("t", "flexible")} and not result.started and w.free == {("A", "gpu"): 1, ("B", "gpu"): 1}

@@ -82,6 +82,12 @@ class QueueStore:
         with backend.read(self.engine) as db:
             return [row(r) for r in db.execute(query)]
 
+    def submitted_since(self, since: float) -> list[QueueRow]:
+        """Every run submitted at ``since`` or later, whatever became of it but a refusal: the demand of late."""
+        query = sa.select(queue_entries).where(Q.submitted_at >= since, Q.state != "refused").order_by(Q.id)
+        with backend.read(self.engine) as db:
+            return [row(r) for r in db.execute(query)]
+
     def line(self) -> list[tuple[str, int, float, str]]:
         """(tenant, priority, submitted_at, run_id) of every waiting run: what its order needs, nothing more."""
         query = sa.select(Q.tenant, Q.priority, Q.submitted_at, Q.run_id).where(Q.state.in_(WAITING))

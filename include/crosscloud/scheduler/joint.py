@@ -13,9 +13,13 @@ them again with what is known then. The pass reads, for each run, the option
 and hour of its largest share (``Plan``); the deadline guard still decides
 whether a run may wait at all.
 
+The program may also hold the runs expected to arrive (``expected``): they
+take their share of the pools and hours from their arrival on, and are never
+started, so the runs planned now leave them what they will need.
+
 The program's size is bounded: at most ``MAX_RUNS`` runs (the earliest
-deadlines; the rest are planned one at a time) and a solver time limit, past
-which the relaxation's plan is read.
+deadlines; the rest are planned one at a time), ``MAX_EXPECTED`` expected
+ones, and a solver time limit, past which the relaxation's plan is read.
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ from dataclasses import dataclass
 import numpy as np
 
 MAX_RUNS = 200
+MAX_EXPECTED = 200  # runs expected to arrive (``expected``) in one program, the earliest first
 TIME_LIMIT_S = 2.0
 EARLIER = 1e-4  # a start an hour later costs this share more: equal hours go to the earliest, not to the solver's
 UNSERVED = 100.0  # the penalty of leaving a run out of the plan, times its dearest option

@@ -24,6 +24,7 @@ from dataclasses import dataclass, field, replace
 from crosscloud.pool.placement import Site, TransferTime, Weights, refusal
 from crosscloud.scheduler.decide import decide
 from crosscloud.scheduler.entry import Decision, Entry
+from crosscloud.scheduler.expected import expected_work
 from crosscloud.scheduler.order import FairOrder
 from crosscloud.scheduler.pauses import Running, decide_pauses, make_room, pausable, resumed
 from crosscloud.scheduler.timing import Rates, Timing
@@ -198,7 +199,7 @@ def _saved(first, now) -> tuple[float, float | None] | None:
 def run_pass(entries: Iterable[Entry], world: World, now: float, network: TransferTime,
              previous: Mapping[tuple[str, str], Decision] | None = None, weights: Weights = Weights(),
              max_scan: int = 256, rates: Rates | None = None, running: Iterable[Running] = (),
-             make_room_for_due: bool = True) -> PassResult:
+             make_room_for_due: bool = True, recent: Iterable[Entry] = ()) -> PassResult:
     """Decide every entry of the queue at ``now`` (epoch or simulated seconds); see the module docstring.
 
     ``previous``: each entry's decision of the last pass. ``world`` is changed:
@@ -207,6 +208,8 @@ def run_pass(entries: Iterable[Entry], world: World, now: float, network: Transf
     without them every run is decided as if it were not deferrable.
     ``running``: the running runs that may be paused (``pauses``): for prices, and with ``make_room_for_due`` for a
     run that must start within the hour to meet its deadline and finds no devices.
+    ``recent``: the runs submitted in the last day, whatever became of them: the work expected again (``expected``)
+    that the plan of deferred runs leaves room for.
     """
     previous = previous or {}
     entries, running = list(entries), [r for r in running if pausable(r.entry)]
@@ -226,7 +229,8 @@ def run_pass(entries: Iterable[Entry], world: World, now: float, network: Transf
         timing.settle()
         # a paused run stops after its round: its devices free up for the hours it waits, not for this pass
         out.paused = decide_pauses(running, timing)
-        timing.plan_jointly([(e, state.eligible(e)) for e in timed if not timing.infeasible(e)])
+        timing.plan_jointly([(e, state.eligible(e)) for e in timed if not timing.infeasible(e)],
+                            [(e, state.eligible(e)) for e in expected_work(recent, now)])
         due = sorted((e for e in entries if timing.is_due(e)), key=lambda e: (e.deadline, e.submitted_at))
     for entry in due:  # a run whose deadline is due goes first: waiting longer would lose it
         _consider(entry, state, order, out, previous.get(entry.key), timed=True)

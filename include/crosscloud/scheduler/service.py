@@ -37,6 +37,7 @@ from crosscloud.ledger.records import QueueRow, Reservation
 from crosscloud.pool.inventory import before_admission
 from crosscloud.pool.placement import TransferTime, Weights
 from crosscloud.scheduler.entry import Decision, Entry, decision_from_json, decision_json, entry_from_row, request_json
+from crosscloud.scheduler.expected import LAG_H
 from crosscloud.scheduler.order import ordered, rank, share
 from crosscloud.scheduler.passes import PassResult, World, run_pass
 from crosscloud.scheduler.pauses import Running, pausable, resumed
@@ -143,8 +144,10 @@ class Queue:
         previous = {(r.tenant, r.run_id): decision_from_json(r.decision) for r in rows}
         deferrable = running or any(e.deferrable and e.deadline is not None for e in entries)
         rates = self.rates(now) if deferrable else None
+        # the last day's submissions: the work expected again, that the plan of deferred runs leaves room for
+        recent = [self._entry(r) for r in self.ledger.queue.submitted_since(now - LAG_H * 3600)] if rates else []
         result = run_pass(entries, world, now, self.network, {k: d for k, d in previous.items() if d},
-                          self.weights, self.max_scan, rates, running)
+                          self.weights, self.max_scan, rates, running, recent=recent)
         ids = {(r.tenant, r.run_id): r.id for r in rows}
         holders = {r.id: r.holder for r in rows}
         # each under its own waiter's name: where to look when its lease lapses

@@ -208,27 +208,38 @@ class Timing:
         return Choice(o, s, float(v[s]), float(v[0]), float(usd[s]), float(usd[0]),
                       None if kg is None else float(kg[s]), None if kg is None else float(kg[0]))
 
-    def plan_jointly(self, entries: list[tuple[Entry, list[Key]]]) -> None:
+    def plan_jointly(self, entries: list[tuple[Entry, list[Key]]], expected: list[tuple[Entry, list[Key]]] = ()) -> None:
         """Plan the waiting deferrable runs together (``joint``): each later ``choose`` of one takes its share of
-        the plan. The runs due now may only start now; at most ``joint.MAX_RUNS``, the earliest deadlines."""
-        runs = []
-        for entry, eligible in sorted(entries, key=lambda x: x[0].deadline)[: joint.MAX_RUNS]:
-            costs = self._costs(entry, eligible)
-            if not costs:
-                continue
-            options = []
-            for o, (v, _, _) in costs.items():
-                if self.is_due(entry):
-                    v = np.where(np.arange(len(v)) == 0, v, np.inf)
-                options.append((o, joint.Option(tuple(self.index.get(k, -1) for k in o),
-                                                tuple(self._counts(entry, o)), v)))
-            options = [(o, opt) for o, opt in options if -1 not in opt.pools]
-            if options:
-                runs.append((entry.key, [o for o, _ in options],
-                             joint.Run(entry.key, tuple(opt for _, opt in options), occupancy(entry.runtime_s / 3600))))
+        the plan. The runs due now may only start now; at most ``joint.MAX_RUNS``, the earliest deadlines.
+        ``expected``: the runs expected to arrive (``expected``), planned from their arrival on and never started,
+        so that the runs deferred now leave them the devices they will need; at most ``joint.MAX_EXPECTED``."""
+        runs = [r for entry, eligible in sorted(entries, key=lambda x: x[0].deadline)[: joint.MAX_RUNS]
+                if (r := self._joint_run(entry, eligible, 1 if self.is_due(entry) else None, 0)) is not None]
+        for entry, eligible in sorted(expected, key=lambda x: x[0].submitted_at)[: joint.MAX_EXPECTED]:
+            arrives = max(0, math.floor((entry.submitted_at - self.h0 * 3600) / 3600))
+            if (r := self._joint_run(entry, eligible, None, arrives)) is not None:
+                runs.append(r)
         plan = joint.solve([r for _, _, r in runs], self.free - self.planned)
         names = {key: opts for key, opts, _ in runs}
-        self.joint = {key: (names[key][i], s) for key, (i, s) in plan.items()}
+        waiting = {e.key for e, _ in entries}  # an expected run's plan only shaped theirs
+        self.joint = {key: (names[key][i], s) for key, (i, s) in plan.items() if key in waiting}
+
+    def _joint_run(self, entry: Entry, eligible: list[Key], until: int | None, since: int):
+        """(key, options, ``joint.Run``) of ``entry`` for the joint plan, starting in hours [since, until); None when
+        it has no priced option."""
+        costs = self._costs(entry, eligible)
+        if not costs:
+            return None
+        options = []
+        for o, (v, _, _) in costs.items():
+            hours = np.arange(len(v))
+            v = np.where((hours >= since) & (hours < (until if until is not None else len(v))), v, np.inf)
+            options.append((o, joint.Option(tuple(self.index.get(k, -1) for k in o), tuple(self._counts(entry, o)), v)))
+        options = [(o, opt) for o, opt in options if -1 not in opt.pools and np.isfinite(opt.cost).any()]
+        if not options:
+            return None
+        return entry.key, [o for o, _ in options], joint.Run(entry.key, tuple(opt for _, opt in options),
+                                                              occupancy(entry.runtime_s / 3600))
 
     def _full(self, option: tuple[Key, ...], counts: list[int], occ: np.ndarray, last: int) -> np.ndarray:
         """0 for each start (0 .. last) where the running runs and the runs planned before this one leave
