@@ -86,7 +86,7 @@ class Queue:
         self.network = net or network(fed)
         self.quotas = {t.name: dict(t.quotas) for t in fed.tenants}
         self.tenant_weights = {t.name: t.weight for t in fed.tenants}
-        self._entries: dict[tuple[int, float], Entry] = {}  # rows are immutable once submitted: parsed once
+        self._entries: dict[tuple[int, float, str], Entry] = {}  # rows are immutable once submitted: parsed once
 
     # -- entering and leaving -------------------------------------------------------------
     def submit(self, entry: Entry, holder: str = "") -> QueueRow:
@@ -145,7 +145,11 @@ class Queue:
         deferrable = running or any(e.deferrable and e.deadline is not None for e in entries)
         rates = self.rates(now) if deferrable else None
         # the last day's submissions: the work expected again, that the plan of deferred runs leaves room for
-        recent = [self._entry(r) for r in self.ledger.queue.submitted_since(now - LAG_H * 3600)] if rates else []
+        recent_rows = self.ledger.queue.submitted_since(now - LAG_H * 3600) if rates else []
+        recent = [self._entry(r) for r in recent_rows]
+        # the parsed rows kept are this pass's: a long-lived triggerer does not keep every row it ever saw
+        used = {self._key(r) for r in (*rows, *running_rows, *recent_rows)}
+        self._entries = {k: e for k, e in self._entries.items() if k in used}
         result = run_pass(entries, world, now, self.network, {k: d for k, d in previous.items() if d},
                           self.weights, self.max_scan, rates, running, recent=recent)
         ids = {(r.tenant, r.run_id): r.id for r in rows}
@@ -211,8 +215,12 @@ class Queue:
         return self.ledger.pause(tenant, run_id, request_json(entry), entry.runtime_s, decision_json(decision),
                                  self.clock())
 
+    @staticmethod
+    def _key(row: QueueRow) -> tuple[int, float, str]:
+        return row.id, row.submitted_at, row.request
+
     def _entry(self, row: QueueRow) -> Entry:
-        key = (row.id, row.submitted_at, row.request)
+        key = self._key(row)
         got = self._entries.get(key)
         if got is None:
             got = self._entries[key] = entry_from_row(row, self.quotas.get(row.tenant, {}))
