@@ -357,4 +357,5 @@ def test_a_deferred_run_leaves_the_cheap_device_to_the_urgent_work_expected_then
     result = run_pass([flexible], w, NOW, lambda *a: 0.0, rates=rates, recent=[flexible, yesterday])
     d = result.decisions[("t", "flexible")]
     assert d.kind == "plan" and d.planned_at == NOW + 4 * H and d.parts == (("A", "gpu", 1),)
+    assert "leaving room for 1 run(s) expected to arrive" in d.reason
     assert set(result.decisions) == {("t", "flexible")} and not result.started and w.free == {("A", "gpu"): 1, ("B", "gpu"): 1}

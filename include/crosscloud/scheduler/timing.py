@@ -124,6 +124,7 @@ class Timing:
         self.named: dict[tuple[str, str], str] = {}  # runs named infeasible when submitted (``arrive``)
         self.planned = np.zeros_like(self.free)  # devices the runs deferred in this pass will take, per hour
         self.joint: dict[tuple[str, str], tuple[tuple[Key, ...], int]] = {}  # run -> (pools, start): ``plan_jointly``
+        self.expected = 0  # runs expected to arrive that the joint plan left room for
 
     def hold(self, key: Key, devices: int, until: float) -> None:
         """``devices`` of pool ``key`` are busy from now until ``until`` (epoch seconds)."""
@@ -219,6 +220,7 @@ class Timing:
             arrives = max(0, math.floor((entry.submitted_at - self.h0 * 3600) / 3600))
             if (r := self._joint_run(entry, eligible, None, arrives)) is not None:
                 runs.append(r)
+                self.expected += 1
         plan = joint.solve([r for _, _, r in runs], self.free - self.planned)
         names = {key: opts for key, opts, _ in runs}
         waiting = {e.key for e, _ in entries}  # an expected run's plan only shaped theirs
@@ -376,7 +378,9 @@ class Timing:
         counts = self._counts(entry, choice.keys)
         return Decision("plan", f"deferred by {entry.objective} to {utc_hour(at)} ({choice.start} h from now) on {where}: "
                         f"{saving:.0f} % less than starting now (USD {choice.usd:.4f} vs {choice.usd_now:.4f}"
-                        f"{kg_text(choice)}); every deferred deadline still has a schedule",
+                        f"{kg_text(choice)}); every deferred deadline still has a schedule"
+                        + (f"; planned leaving room for {self.expected} run(s) expected to arrive"
+                           if self.expected and entry.key in self.joint else ""),
                         tuple((c, a, n) for (c, a), n in zip(choice.keys, counts)), at - self.now, planned_at=at,
                         runtime_s=entry.runtime_s)
 
