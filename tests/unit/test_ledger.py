@@ -114,7 +114,7 @@ def test_pins_and_cloud_membership_are_upserts(any_ledger):
 
 def test_a_new_database_is_brought_to_the_newest_schema(any_ledger):
     with any_ledger.engine.connect() as conn:
-        assert migrate.current(conn) == migrate.head() == "0004"
+        assert migrate.current(conn) == migrate.head() == "0005"
         context = MigrationContext.configure(conn, opts={"version_table": VERSION_TABLE})
         assert compare_metadata(context, metadata) == []  # the migrations build what the queries use
 
@@ -166,7 +166,7 @@ def test_a_ledger_of_the_sqlite_only_code_is_upgraded_with_its_rows(tmp_path):
     with sqlite3.connect(path) as db:
         columns = {row[1] for row in db.execute("PRAGMA table_info(reservations)")}
         assert {"holder", "lease_expires_at", "release_reason"} <= columns
-        assert db.execute(f"SELECT version_num FROM {VERSION_TABLE}").fetchall() == [("0004",)]
+        assert db.execute(f"SELECT version_num FROM {VERSION_TABLE}").fetchall() == [("0005",)]
     db.close()
     assert ledger.release("team-a", "old", reason="upgraded") == 2
     assert [e.detail for e in ledger.events()] == ["upgraded"]

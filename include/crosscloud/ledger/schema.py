@@ -88,6 +88,7 @@ queue_entries = sa.Table(
     sa.Column("end_reason", sa.Text),
     sa.UniqueConstraint("tenant", "run_id", name="queue_entries_run"),
     sa.Index("queue_entries_state", "state"),
+    sa.Index("queue_entries_submitted", "submitted_at"),  # revision 0005: each pass reads the last day's
 )
 
 # one row: when the last scheduling pass ran, and the queue's version it saw (bumped by every change)
