@@ -9,9 +9,10 @@ today's; here the forecast is seasonal-naive: every run submitted in the last
 the same terms. Only work that cannot wait is expected (a run without a
 deadline, or with at most ``SLACK_S`` of slack): flexible work is planned
 when it arrives, into whatever cheap hours are left, while a run with a few
-hours of slack has only the pools free when it comes. Expected runs enter only the joint plan of deferred work
-(``timing.Timing.plan_jointly``): they are never started, held or protected
-by the deadline guard, so a wrong forecast costs money, never a deadline.
+hours of slack has only the pools free when it comes. Expected runs enter
+only the joint plan of deferred work (``timing.Timing.plan_jointly``): they
+are never started, held or protected by the deadline guard, so a wrong
+forecast costs money, never a deadline.
 """
 
 from __future__ import annotations
