@@ -25,6 +25,7 @@ import numpy as np
 from crosscloud.energy.power import energy_price_per_device_hour
 from crosscloud.pool.placement import JobRequest, Site
 from crosscloud.scheduler.entry import Entry
+from crosscloud.scheduler.expected import LAG_H
 from crosscloud.scheduler.passes import World, run_pass
 from crosscloud.scheduler.pauses import Running, resumed
 from crosscloud.scheduler.timing import MAX_HOURS, Rates
@@ -92,26 +93,26 @@ def run_queue(jobs: Sequence[TrainingJob], batches: Sequence[BatchJob], clouds: 
             waiting.append(pending[k][1])
             k += 1
         # what the ledger holds of the last day's submissions: the pass expects that work again (``expected``)
-        sim.recent = [e for _, e in pending[:k] if e.submitted_at >= now - 86400] if expect else []
+        recent = [e for _, e in pending[:k] if e.submitted_at >= now - LAG_H * 3600] if expect else []
         if not waiting and not sim.running:
             if k >= len(pending):
                 break
             continue
         seen = rates(clouds, prices, carbon, t0 + hour, t0 + horizon, known_until, band)
         for _ in range(3):  # a pause gives devices back, which is a change: the queue runs its next pass at once
-            waiting, previous, paused = _pass(sim, sites, waiting, previous, now, seen, make_room)
+            waiting, previous, paused = _pass(sim, sites, waiting, previous, now, seen, make_room, recent)
             if not paused:
                 break
     return _finish(sim.out, jobs, batches, waiting)
 
 
 def _pass(sim: _Sim, sites: list[Site], waiting: list[Entry], previous: dict, now: float, seen: Rates,
-          make_room: bool = True):
+          make_room: bool = True, recent: Sequence[Entry] = ()):
     """One pass of the production queue at ``now``; the runs it starts run, those it pauses stop."""
     world = World({FAMILY: [replace(s, free=sim.free[(s.cloud, ACC)]) for s in sites]}, dict(sim.free),
                   {key: list(v) for key, v in sim.releases.items()})
     result = run_pass(waiting, world, now, lambda *a: 0.0, previous, rates=seen, running=sim.as_running(now),
-                      make_room_for_due=make_room, recent=sim.recent)
+                      make_room_for_due=make_room, recent=recent)
     started = set()
     for entry, d in result.started:
         sim.start(entry, d, now)
@@ -133,7 +134,6 @@ class _Sim:
         self.free, self.out, self.t0 = free, out, t0
         self.releases: dict[tuple[str, str], list[tuple[float, int]]] = {key: [] for key in free}
         self.running: dict[tuple[str, str], tuple[Entry, tuple, float, float, list[int]]] = {}
-        self.recent: list[Entry] = []  # the entries submitted in the last day
 
     def finish(self, now: float) -> None:
         """Runs that ended give their devices back."""

@@ -334,12 +334,13 @@ def test_the_work_expected_again_is_what_could_not_wait_in_the_last_day():
     old = _entry("old", runtime_h=2.0, deadline_h=3.0 - 30, at=NOW - 30 * H)  # more than a day ago
     paused = replace(urgent, run_id="paused", parts=(("A", "gpu", 1),))
     plain = replace(_entry("plain", runtime_h=2.0, at=NOW - 2 * H), deadline=None, deferrable=False)
-    got = {e.run_id: e for e in expected_work([urgent, flexible, old, paused, plain], NOW)}
-    assert set(got) == {"expected:urgent", "expected:plain"}
-    again = got["expected:urgent"]
+    named = replace(urgent, run_id="expected:named")  # a real run may be named so (":" is allowed, "/" is not)
+    got = {e.run_id: e for e in expected_work([urgent, flexible, old, paused, plain, named], NOW)}
+    assert set(got) == {"expected/urgent", "expected/plain", "expected/expected:named"}
+    again = got["expected/urgent"]
     assert again.submitted_at == urgent.submitted_at + 24 * H and again.deadline == urgent.deadline + 24 * H
     # a run without a deadline is expected to start as it arrives
-    assert got["expected:plain"].deadline == NOW + 22 * H + 2 * H and got["expected:plain"].deferrable
+    assert got["expected/plain"].deadline == NOW + 22 * H + 2 * H and got["expected/plain"].deferrable
 
 
 def test_a_deferred_run_leaves_the_cheap_device_to_the_urgent_work_expected_then():

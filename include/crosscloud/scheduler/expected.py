@@ -24,7 +24,7 @@ from crosscloud.scheduler.entry import Entry
 
 LAG_H = 24
 SLACK_S = 6 * 3600  # less slack than a quarter of a day: too little to wait for the next cheap hours
-PREFIX = "expected:"  # run ids of expected runs: never those of real ones
+PREFIX = "expected/"  # run ids of expected runs: a real run's id has no "/", so the two never meet
 
 
 def expected_work(recent: Iterable[Entry], now: float, lag_h: float = LAG_H) -> list[Entry]:
@@ -34,7 +34,7 @@ def expected_work(recent: Iterable[Entry], now: float, lag_h: float = LAG_H) -> 
     lag = lag_h * 3600
     out = []
     for e in recent:
-        if e.parts is not None or e.run_id.startswith(PREFIX) or not now - lag <= e.submitted_at < now:
+        if e.parts is not None or not now - lag <= e.submitted_at < now:
             continue
         if e.deadline is not None and e.deadline - e.submitted_at - e.runtime_s > SLACK_S:
             continue

@@ -215,10 +215,10 @@ class Timing:
         ``expected``: the runs expected to arrive (``expected``), planned from their arrival on and never started,
         so that the runs deferred now leave them the devices they will need; at most ``joint.MAX_EXPECTED``."""
         runs = [r for entry, eligible in sorted(entries, key=lambda x: x[0].deadline)[: joint.MAX_RUNS]
-                if (r := self._joint_run(entry, eligible, 1 if self.is_due(entry) else None, 0)) is not None]
+                if (r := self._joint_run(entry, eligible, 0, 1 if self.is_due(entry) else math.inf)) is not None]
         for entry, eligible in sorted(expected, key=lambda x: x[0].submitted_at)[: joint.MAX_EXPECTED]:
             arrives = max(0, math.floor((entry.submitted_at - self.h0 * 3600) / 3600))
-            if (r := self._joint_run(entry, eligible, None, arrives)) is not None:
+            if (r := self._joint_run(entry, eligible, arrives)) is not None:
                 runs.append(r)
                 self.expected += 1
         plan = joint.solve([r for _, _, r in runs], self.free - self.planned)
@@ -226,7 +226,7 @@ class Timing:
         waiting = {e.key for e, _ in entries}  # an expected run's plan only shaped theirs
         self.joint = {key: (names[key][i], s) for key, (i, s) in plan.items() if key in waiting}
 
-    def _joint_run(self, entry: Entry, eligible: list[Key], until: int | None, since: int):
+    def _joint_run(self, entry: Entry, eligible: list[Key], since: int, until: float = math.inf):
         """(key, options, ``joint.Run``) of ``entry`` for the joint plan, starting in hours [since, until); None when
         it has no priced option."""
         costs = self._costs(entry, eligible)
@@ -235,7 +235,7 @@ class Timing:
         options = []
         for o, (v, _, _) in costs.items():
             hours = np.arange(len(v))
-            v = np.where((hours >= since) & (hours < (until if until is not None else len(v))), v, np.inf)
+            v = np.where((hours >= since) & (hours < until), v, np.inf)
             options.append((o, joint.Option(tuple(self.index.get(k, -1) for k in o), tuple(self._counts(entry, o)), v)))
         options = [(o, opt) for o, opt in options if -1 not in opt.pools and np.isfinite(opt.cost).any()]
         if not options:
