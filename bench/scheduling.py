@@ -40,7 +40,8 @@ The split penalty (iteration-time penalty of a job split over clouds) is
 * **longest wait of the largest jobs** = the longest arrival-to-dispatch
   time among the 5 % of jobs asking for the most devices.
 
-``crosscloud`` is the production scheduler's pass (``crosscloud.scheduler``);
+``crosscloud`` is the production scheduler's pass (``crosscloud.scheduler``), where a job that can start
+now starts (``--wait-for-faster``: it may wait for a faster center, the federation's ``wait_for_faster_pools``);
 ``greedy`` is admission as it was before the queue: each waiting job starts
 wherever placement finds its devices free now, and reserves nothing.
 
@@ -63,7 +64,7 @@ import time
 from pathlib import Path
 
 from crosscloud.core.paths import data_dir, state_dir
-from crosscloud.pool.placement import JobRequest, Site, place
+from crosscloud.pool.placement import JobRequest, Site, Weights, place
 from simulation import POLICIES, Center, SimJob, Simulation, largest, max_wait_s, metrics
 from job_traces import read_throughputs, read_trace
 
@@ -192,6 +193,9 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--resident-frac", type=float, default=0.3)
     p.add_argument("--bandwidth-gbps", type=float, default=10.0, help="link bandwidth between centers")
     p.add_argument("--split-penalty-pct", type=float)
+    p.add_argument("--wait-for-faster", action="store_true",
+                   help="crosscloud lets a job that could start now wait for a faster pool where it finishes sooner "
+                        "(the federation's wait_for_faster_pools)")
     p.add_argument("--policies", nargs="+", default=list(POLICIES), choices=POLICIES)
     p.add_argument("--scale", action="store_true", help="also time one placement at 64 clouds and 1,000 queued jobs")
     p.add_argument("--scale-repeats", type=int, default=200)
@@ -210,7 +214,7 @@ def main(argv: list[str] | None = None) -> None:
     for policy in args.policies:
         t0 = time.perf_counter()
         sim = Simulation(centers, jobs, policy, window_s=args.window_s, bandwidth_bytes_per_s=args.bandwidth_gbps * 1.25e8,
-                         split_penalty=penalty)
+                         split_penalty=penalty, weights=Weights(wait_for_faster=args.wait_for_faster))
         res = sim.run()
         results[policy] = metrics(res)
         results[policy]["largest_max_wait_s"] = max_wait_s(res, big)

@@ -6,7 +6,7 @@ import pytest
 from federations import embedded
 
 from crosscloud.core.job import JobSpec, JobSpecError, carbon_weight, deadline_at
-from crosscloud.pool.placement import JobRequest, PlacementError, Site
+from crosscloud.pool.placement import JobRequest, PlacementError, Site, Weights
 from crosscloud.scheduler.admission import NotAdmitted, admit, entry_for
 from crosscloud.scheduler.entry import Entry, decision_from_json, decision_json, entry_from_row, request_json
 from crosscloud.scheduler.order import FairOrder, ordered
@@ -54,6 +54,31 @@ def test_a_waiting_large_entry_reserves_and_only_what_ends_before_it_backfills()
     assert kinds == {"big": "reserve", "short": "start", "long": "reserve"}
     assert result.decisions[("t", "big")].expected_start_s == 100.0
     assert world.free[("A", "gpu")] == 0 and [e.run_id for e, _ in result.started] == ["short"]
+
+
+def test_a_run_that_can_start_now_starts_unless_the_federation_lets_it_wait_for_a_faster_pool():
+    fast = Site("F", "fast", "X", 4, 0, families=frozenset({"f"}))
+    slow = Site("S", "slow", "X", 4, 4, families=frozenset({"f"}))
+    req = JobRequest(name="r", tenant="t", family="f", devices=4, runtime_s={"fast": 100.0, "slow": 400.0},
+                     splittable=False)
+
+    def decision(weights):
+        world = World({"f": [fast, slow]}, {("F", "fast"): 0, ("S", "slow"): 4}, {("F", "fast"): [(60.0, 4)]})
+        return run_pass([Entry("t", "r", req, 0.0, runtime_s=100.0)], world, 0.0, lambda *a: 0.0,
+                        weights=weights).decisions[("t", "r")]
+
+    # the fast pool frees in 60 s and would finish the run at 160 s, the slow one at 400 s; by default the run
+    # does not wait while devices it fits are idle
+    now = decision(Weights())
+    assert now.kind == "start" and now.parts == (("S", "slow", 4),)
+    later = decision(Weights(wait_for_faster=True))
+    assert later.kind == "reserve" and later.parts == (("F", "fast", 4),) and later.expected_start_s == 60.0
+
+
+def test_the_federation_file_says_whether_runs_wait_for_faster_pools(ledger):
+    fed = embedded()
+    assert not Queue(fed, ledger).weights.wait_for_faster
+    assert Queue(fed.model_copy(update={"wait_for_faster_pools": True}), ledger).weights.wait_for_faster
 
 
 def test_a_pass_never_takes_more_than_a_pool_or_a_quota_has():

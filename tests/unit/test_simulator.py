@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from crosscloud.pool.placement import Site
+from crosscloud.pool.placement import Site, Weights
 from simulation import POLICIES, Center, SimJob, metrics, simulate
 
 
@@ -138,8 +138,13 @@ def test_metric_definitions_on_a_hand_computed_case():
     m = metrics(simulate(centers, jobs, "independent", window_s=45))
     assert m["utilization"]["S"] == pytest.approx(1.0)
     assert m["useful_device_hours_per_hour"] == pytest.approx((10 + 5) / 45)
-    # crosscloud sends both to the idle, faster center: j2 waits 10 s there rather than run 30 s on S
+    # crosscloud sends j1 to the idle, faster center; j2 starts at once on its own, slower one, since no job waits
+    # while devices it fits are idle
     m = metrics(simulate(centers, jobs, "crosscloud", window_s=100))
+    assert m["efficiency"] == pytest.approx((10 / 10 + 10 / 30) / 2)
+    assert m["faster_jobs"] == 1 and m["forwarded_jobs"] == 1
+    # a federation that lets jobs wait for a faster pool: j2 waits 10 s on F rather than run 30 s on S
+    m = metrics(simulate(centers, jobs, "crosscloud", window_s=100, weights=Weights(wait_for_faster=True)))
     assert m["efficiency"] == pytest.approx((10 / 10 + 10 / 20) / 2)
     assert m["faster_jobs"] == 2 and m["forwarded_jobs"] == 2
 

@@ -300,6 +300,9 @@ class Federation(_Model):
     tenants: list[Tenant] = Field(min_length=1)
     images: list[Image] = Field(min_length=1)
     datasets: list[Dataset] = Field(min_length=1)
+    wait_for_faster_pools: bool = Field(False, description=(
+        "whether a queued run that could start now may instead wait for a faster pool on which it would finish "
+        "sooner (default: it starts now, on the best pool free to it)"))
 
     @model_validator(mode="after")
     def _consistent(self) -> Federation:

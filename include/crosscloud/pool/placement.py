@@ -137,6 +137,11 @@ class Weights:
 
     seconds_per_cost_unit: float = 600.0  # one unit of currency is worth ten minutes
     balance: float = 0.1  # finish time is stretched by this fraction of the pool's utilisation after placing
+    # False: a job that can start now somewhere starts there (the best of those options), as Slurm's
+    # multi-partition jobs and Kueue's flavor fungibility do, so no job waits while devices it fits are idle.
+    # True: it may wait for a faster pool when its estimated finish is sooner (the federation's
+    # ``wait_for_faster_pools``).
+    wait_for_faster: bool = False
 
 
 @dataclass(frozen=True)
@@ -290,7 +295,7 @@ def place(job: JobRequest, sites: list[Site], network: TransferTime = no_network
     split = _split(job, eligible, network, weights) if job.splittable and job.devices > 1 else None
     if split is not None:
         options.append(split)
-    best = min(options, key=lambda o: o.score, default=None)
+    best = _best(options, sites, weights)
     held = {(p.cloud, p.accelerator): p.devices for p in best.parts} if best else {}
     considered = []
     for site in sites:
@@ -301,7 +306,19 @@ def place(job: JobRequest, sites: list[Site], network: TransferTime = no_network
         elif key in held:
             reason = f"chosen: {_figures(best)}"
         considered.append(Considered(site.cloud, site.accelerator, key in held, reason))
-    now = best is not None and all(
-        s.backfills(held[(s.cloud, s.accelerator)], best.finish_s) for s in sites if (s.cloud, s.accelerator) in held
-    )
-    return Decision(job.name, best, considered, starts_now=now)
+    return Decision(job.name, best, considered, starts_now=best is not None and _starts_now(best, sites))
+
+
+def _starts_now(option: Option, sites: list[Site]) -> bool:
+    """Whether every device of ``option`` is free now and delays none of the work queued ahead."""
+    held = {(p.cloud, p.accelerator): p.devices for p in option.parts}
+    return all(s.backfills(held[(s.cloud, s.accelerator)], option.finish_s) for s in sites
+               if (s.cloud, s.accelerator) in held)
+
+
+def _best(options: list[Option], sites: list[Site], w: Weights) -> Option | None:
+    """The best-scored option; unless ``w.wait_for_faster``, the best of those that start now when there are any."""
+    best = min(options, key=lambda o: o.score, default=None)
+    if best is None or w.wait_for_faster or _starts_now(best, sites):
+        return best
+    return min((o for o in options if _starts_now(o, sites)), key=lambda o: o.score, default=best)

@@ -75,14 +75,15 @@ class Queue:
     """The federation's one queue, in ``ledger``; ``clock`` is injectable (the tests move it)."""
 
     def __init__(self, fed: Federation, ledger: Ledger, clock: Clock | None = None, max_scan: int = 256,
-                 refresh_s: float = 30.0, weights: Weights = Weights(), net: TransferTime | None = None,
+                 refresh_s: float = 30.0, weights: Weights | None = None, net: TransferTime | None = None,
                  rates: Callable[[float], Rates | None] | None = None):
         self.fed, self.ledger = fed, ledger
         self.clock = clock or (lambda: wall_clock())
         self._feed = CsvFeed()
         # the prices and carbon deferrable runs are planned by: the federation's grids through the feeds
         self.rates = rates or (lambda now: federation_rates(fed, now, self._feed))
-        self.max_scan, self.refresh_s, self.weights = max_scan, refresh_s, weights
+        self.max_scan, self.refresh_s = max_scan, refresh_s
+        self.weights = weights or Weights(wait_for_faster=fed.wait_for_faster_pools)
         self.network = net or network(fed)
         self.quotas = {t.name: dict(t.quotas) for t in fed.tenants}
         self.tenant_weights = {t.name: t.weight for t in fed.tenants}
