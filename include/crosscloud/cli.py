@@ -13,18 +13,27 @@ from dataclasses import fields
 from pathlib import Path
 
 from crosscloud.artifacts.catalog import load_catalog
-from crosscloud.core.federation import load_federation
+from crosscloud.core.deployment import SingleHostOnly
+from crosscloud.core.federation import FederationError, load_federation
 from crosscloud.core.job import JobSpec, JobSpecError, key_values
-from crosscloud.ledger import Ledger
+from crosscloud.ledger import Ledger, ReservationError
 from crosscloud.pipeline.inputs import upload_dataset
 from crosscloud.pipeline.stages import run_job
 from crosscloud.pool import membership
 from crosscloud.pool.inventory import CloudView, Inventory, PoolView, TenantView, collect
+from crosscloud.pool.placement import PlacementError
 from crosscloud.scheduler.admission import NotAdmitted
 from crosscloud.scheduler.service import Queue
 from crosscloud.scheduler.view import format_explain, format_queue, status_dict
+from crosscloud.store.credentials import CredentialsError
 from crosscloud.store.open_store import open_store
 from crosscloud.tracking.progress import Progress
+from crosscloud.training.program import ProgramError
+
+# what a user can fix (the program, the federation file, a parameter, a refused placement, credentials, a
+# deployment that needs another ledger): its message and the fix, without a traceback unless --debug
+USER_ERRORS = (ProgramError, FederationError, JobSpecError, PlacementError, CredentialsError, ReservationError,
+               SingleHostOnly)
 
 
 def _summaries(store, tenant: str) -> list[dict]:
@@ -301,6 +310,7 @@ def _serve(args) -> int:
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="crosscloud", description="crosscloud: training across sovereign clouds")
+    parser.add_argument("--debug", action="store_true", help="show the traceback of an error (default: its message)")
     sub = parser.add_subparsers(dest="command", required=True)
     p = sub.add_parser("summary", help="summary of a finished run (default: the tenant's newest cross-cloud run)")
     p.add_argument("--tenant", default="team-a")
@@ -366,8 +376,15 @@ COMMANDS = {"summary": _summary, "train": _train, "queue": _queue, "dataset": _d
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Run one command; a user's error is its message and exit code 2 (``--debug``: the traceback too)."""
     args = _parser().parse_args(argv)
-    return COMMANDS[args.command](args)
+    try:
+        return COMMANDS[args.command](args)
+    except USER_ERRORS as exc:
+        if args.debug:
+            raise
+        print(f"crosscloud {args.command}: {exc}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

@@ -150,3 +150,31 @@ def test_resident_data_is_refused_at_planning_and_again_at_transfer(own_state):
     # and data without a residency label moves anywhere
     free, _ = put_blob(home, "team-a", b"public rows " * 1000, kind="dataset")
     assert fetch(cn, [home], "team-a", free, TransferReport()) > 0
+
+
+NO_EVALUATE = "import torch\n\ndef build_model(args):\n    return torch.nn.Linear(2, 2)\n"
+
+
+@pytest.mark.parametrize("argv, says", [
+    (["train", "{tmp}/missing.py"], "no file {tmp}/missing.py"),
+    (["train", "{tmp}/no_evaluate.py"], "defines no evaluate"),
+    (["train", "examples/byte_lm/train.py", "--clouds", "mars"], "unknown cloud 'mars'"),
+    (["train", "examples/byte_lm/train.py", "--federation", "{tmp}/none.yaml"], "federation file not found"),
+    (["train", "examples/byte_lm/train.py", "--federation", "{tmp}/bad.yaml"], "invalid federation"),
+    (["train", "examples/byte_lm/train.py", "--job", "rounds=0"], "rounds"),
+    (["queue", "--federation", "{tmp}/bad.yaml"], "invalid federation"),
+])
+def test_the_command_line_says_what_to_fix_without_a_traceback_and_leaves_nothing(own_state, tmp_path, capsys, argv,
+                                                                                   says):
+    from crosscloud import cli
+
+    (tmp_path / "no_evaluate.py").write_text(NO_EVALUATE)
+    embedded_file(tmp_path / "bad.yaml", lambda raw: raw.pop("jurisdictions"))
+    argv = [a.format(tmp=tmp_path) for a in argv]
+    assert cli.main(argv + (["--no-wait"] if argv[0] == "train" else [])) == 2
+    err = capsys.readouterr().err
+    assert says.format(tmp=tmp_path) in err and "Traceback" not in err and err.startswith(f"crosscloud {argv[0]}: ")
+    ledger = Ledger()
+    assert ledger.active() == [] and ledger.queue.submitted_since(0.0) == []
+    with pytest.raises(cli.USER_ERRORS):  # --debug shows the traceback
+        cli.main(["--debug"] + argv + (["--no-wait"] if argv[0] == "train" else []))

@@ -220,3 +220,22 @@ def test_lease_seconds_come_from_the_environment(monkeypatch):
     monkeypatch.setenv("CROSSCLOUD_LEASE_S", "soon")
     with pytest.raises(ValueError, match="CROSSCLOUD_LEASE_S='soon' is not a number"):
         lease_seconds()
+
+
+def test_a_run_that_gave_its_devices_back_renews_nothing_and_warns_of_no_lapse(any_ledger, monkeypatch):
+    from crosscloud.run import lease
+
+    monkeypatch.setenv("CROSSCLOUD_LEASE_S", "2")  # the lease thread renews every 0.5 s
+    _take(any_ledger, "done", 2)
+    said = []
+    with lease.held("team-a", "done", said.append, any_ledger) as hold:
+        assert hold.release() == 2  # training over: the devices go back before the baseline calibration
+        time.sleep(1.2)  # the calibration runs; the thread's renewals find nothing and must not call it a lapse
+    assert said == [] and any_ledger.active(run_id="done") == []
+    # a lease that lapsed, which nobody gave back, is still reported
+    _take(any_ledger, "dead", 1, lease_s=0.1)
+    time.sleep(0.2)
+    _take(any_ledger, "next", 1)  # the next admission releases the lapsed one
+    late = lease.Lease("team-a", "dead", any_ledger, log=said.append)
+    late.renew(force=True)
+    assert late.lapsed and "holds no reservation any more" in said[0]

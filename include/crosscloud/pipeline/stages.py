@@ -326,7 +326,7 @@ def _cloud_summary(fed: Federation, plan: Plan, history: list[dict], train_s: fl
     return clouds
 
 
-def _final_model(ref: RunRef, plan: Plan, home, handles: list[Handle]) -> tuple[list[dict], dict]:
+def _final_model(ref: RunRef, plan: Plan, home, handles: list[Handle], hold: lease.Lease) -> tuple[list[dict], dict]:
     """Once the sub-tasks have exited: the run's history and final model, the latter committed as the run's.
 
     The final model is the home cloud's copy of the last global, referred to where
@@ -336,7 +336,7 @@ def _final_model(ref: RunRef, plan: Plan, home, handles: list[Handle]) -> tuple[
     """
     spec = plan.spec
     _wait_for_exit(handles)
-    release_stage(ref)
+    hold.release()
     history = load_history(home, plan)
     if len(history) != spec.rounds:
         raise RuntimeError(f"run {plan.run_id}: {len(history)} of {spec.rounds} rounds recorded; rerun sync_checkpoints")
@@ -428,14 +428,14 @@ def aggregate_stage(ref: RunRef, handles: list[Handle], experiment: str | None =
                     compare_baseline: bool = True) -> dict:
     """Final model and evaluation, whole-run metrics, the baseline gap; closes the MLflow runs."""
     fed, plan = ref.load()
-    with lease.held(plan.tenant, plan.run_id, log):
-        return _aggregate(ref, fed, plan, handles, experiment, log, compare_baseline)
+    with lease.held(plan.tenant, plan.run_id, log) as hold:
+        return _aggregate(ref, fed, plan, handles, experiment, log, compare_baseline, hold)
 
 
 def _aggregate(ref: RunRef, fed: Federation, plan: Plan, handles: list[Handle], experiment: str | None, log: Log,
-               compare_baseline: bool) -> dict:
+               compare_baseline: bool, hold: lease.Lease) -> dict:
     home = open_store(fed.local_cloud, plan.tenant)
-    history, final = _final_model(ref, plan, home, handles)
+    history, final = _final_model(ref, plan, home, handles, hold)
     evals = _eval_losses(plan, home, log)
     train_s = sum(r["wall_s"] for r in history)
     clouds = _cloud_summary(fed, plan, history, train_s)

@@ -26,6 +26,8 @@ class Lease:
         self.every_s = lease_seconds() / 4
         self._renewed_at = float("-inf")
         self.lapsed = False
+        self.released = False
+        self._lock = threading.Lock()  # a renewal from the thread never runs after the run gave its devices back
 
     @property
     def ledger(self) -> Ledger:
@@ -33,9 +35,21 @@ class Lease:
             self._ledger = Ledger()
         return self._ledger
 
+    def release(self) -> int:
+        """Give the run's devices back (training is over, a calibration run may need them); returns how many it
+        held. Nothing renews the lease after, so no renewal mistakes the release for a lapse."""
+        with self._lock:
+            self.released = True
+            return self.ledger.release(self.tenant, self.run_id)
+
     def renew(self, force: bool = False) -> None:
         if not force and time.monotonic() - self._renewed_at < self.every_s:
             return
+        with self._lock:
+            if not self.released:
+                self._renew()
+
+    def _renew(self) -> None:
         try:
             held = self.ledger.renew(self.tenant, self.run_id)
         except Exception as exc:  # noqa: BLE001 - a ledger out of reach: renewed at the next poll, the lease outlasts a blip
@@ -49,9 +63,9 @@ class Lease:
 
 
 @contextmanager
-def held(tenant: str, run_id: str, log: Callable[[str], None] = print) -> Iterator[Lease]:
-    """Keep renewing the run's lease from a thread while the block runs."""
-    lease, stop = Lease(tenant, run_id, log=log), threading.Event()
+def held(tenant: str, run_id: str, log: Callable[[str], None] = print, ledger: Ledger | None = None) -> Iterator[Lease]:
+    """Keep renewing the run's lease from a thread while the block runs, until it ends or ``Lease.release``."""
+    lease, stop = Lease(tenant, run_id, ledger, log=log), threading.Event()
 
     def renew() -> None:
         while not stop.wait(min(lease.every_s, 30.0)):
