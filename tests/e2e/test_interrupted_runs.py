@@ -1,5 +1,8 @@
 """A run stopped from outside gives everything back: an interrupted runner at once, a dead one when its lease lapses.
 
+A dead runner's sub-tasks stop themselves too: they read the lease's heartbeat in their cloud's store
+(``crosscloud.run.heartbeat``) and stop after a committed round once it lapsed past the grace.
+
 The runner is ``run_job`` in its own process, as ``make bench-gap`` and
 ``crosscloud train`` run it. Ctrl-C (SIGINT) or ``timeout`` (SIGTERM) must
 stop its sub-tasks and release its devices before it exits. SIGKILL leaves
@@ -65,9 +68,9 @@ def test_an_interrupted_runner_stops_its_subtasks_and_gives_its_devices_back(sig
     assert any(e.run_id == run_id for e in Ledger().events(run_id=run_id))
 
 
-def test_a_killed_runner_gives_its_devices_back_once_its_lease_lapses():
-    run_id, lease_s = "killed-runner", 6.0
-    proc = _start_runner(run_id, env={"CROSSCLOUD_LEASE_S": str(lease_s)})
+def test_a_killed_runner_gives_its_devices_back_once_its_lease_lapses_and_its_subtasks_stop():
+    run_id, lease_s, grace_s = "killed-runner", 6.0, 2.0
+    proc = _start_runner(run_id, env={"CROSSCLOUD_LEASE_S": str(lease_s), "CROSSCLOUD_LEASE_GRACE_S": str(grace_s)})
     try:
         held = Ledger().active(TENANT, run_id)
         assert held
@@ -83,6 +86,15 @@ def test_a_killed_runner_gives_its_devices_back_once_its_lease_lapses():
         assert {r.cloud for r in lapsed if r.run_id == run_id} == {r.cloud for r in held}
         events = Ledger().events(run_id=run_id)
         assert events and all("lapsed" in e.detail for e in events)
+        # the sub-tasks read the heartbeat the runner wrote and stop themselves after a committed round: the devices
+        # the ledger gave back are not trained on for long (the grace, a heartbeat read, a round)
+        handles, deadline = _handles(run_id), time.time() + 120
+        while any(get_backend(h["backend"]).state(h) == "running" for h in handles) and time.time() < deadline:
+            time.sleep(0.5)
+        for handle in handles:
+            backend = get_backend(handle["backend"])
+            assert backend.state(handle) != "running", f"{handle['cloud']}'s sub-task trains on past its lease"
+            assert "its lease lapsed" in backend.logs(handle)[0]
     finally:
         for handle in _handles(run_id):  # the sub-tasks of a killed runner: the next test must find the devices free
             get_backend(handle["backend"]).stop(handle)

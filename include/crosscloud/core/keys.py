@@ -46,6 +46,11 @@ class RunKeys:
     def stop(self) -> str:
         return f"{self.root}/STOP"
 
+    @property
+    def lease(self) -> str:
+        """The run's lease as the control plane last renewed it, in every cloud's store (``run.heartbeat``)."""
+        return f"{self.root}/lease.json"
+
     def global_step(self, round_: int) -> str:
         return f"{self.root}/global/{int(round_)}"
 

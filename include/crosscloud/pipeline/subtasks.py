@@ -5,11 +5,13 @@ Light on purpose (no torch, no MLflow): Airflow's triggerer builds the watcher f
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 
 from crosscloud.backends import Handle, SubTaskError, SubTaskSpec, get_backend
 from crosscloud.core.federation import Federation
-from crosscloud.ledger import Ledger
+from crosscloud.ledger import Ledger, lease_seconds
+from crosscloud.run import heartbeat
 from crosscloud.run.plan import Plan
 from crosscloud.run.ref import RunRef
 from crosscloud.scheduler.service import Queue
@@ -52,6 +54,8 @@ def dispatch_stage(ref: RunRef, cloud: str) -> Handle:
     access = fed.cloud(cloud).access
     env = {k: v for c in plan.clouds for k, v in credentials_env(fed.cloud(c.name), plan.tenant).items()}  # it reads its peers' deltas
     spec = subtask_spec(plan, cloud, env=env, access=access.model_dump())
+    if Ledger().renew(plan.tenant, plan.run_id):  # the sub-task starts under a live lease, and knows when it ends
+        heartbeat.write([open_store(fed.cloud(cloud), plan.tenant)], plan.keys, time.time() + lease_seconds())
     return get_backend(access.method).start(spec)
 
 

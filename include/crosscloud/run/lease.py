@@ -20,8 +20,9 @@ from crosscloud.ledger import Ledger, lease_seconds
 class Lease:
     """Renews the run's reservation at most every quarter lease; a ledger outage is logged, never fatal."""
 
-    def __init__(self, tenant: str, run_id: str, ledger: Ledger | None = None, log: Callable[[str], None] = print):
-        self.tenant, self.run_id, self.log = tenant, run_id, log
+    def __init__(self, tenant: str, run_id: str, ledger: Ledger | None = None, log: Callable[[str], None] = print,
+                 beat: Callable[[float], None] | None = None):
+        self.tenant, self.run_id, self.log, self.beat = tenant, run_id, log, beat  # beat(expiry): tell the clouds
         self._ledger = ledger
         self.every_s = lease_seconds() / 4
         self._renewed_at = float("-inf")
@@ -56,6 +57,8 @@ class Lease:
             self.log(f"run {self.run_id}: the ledger cannot renew the reservation now ({exc})")
             return
         self._renewed_at = time.monotonic()
+        if held and self.beat is not None:
+            self.beat(time.time() + lease_seconds())
         if not held and not self.lapsed:
             self.lapsed = True
             self.log(f"run {self.run_id} holds no reservation any more (released, or its lease lapsed): "

@@ -27,6 +27,7 @@ import torch.distributed as dist
 
 from crosscloud.core.federation import load_federation
 from crosscloud.core.job import local_lr
+from crosscloud.run import heartbeat
 from crosscloud.store.commit import put_object, read_commit, write_step
 from crosscloud.store.network import store_seen_from
 from crosscloud.store.tensors import to_bytes
@@ -41,8 +42,10 @@ from crosscloud.training.program import ProgramError, load_program, local_file
 from crosscloud.training.resume import CloudState, Snapshot, StateWriter, snapshot
 from crosscloud.training.rounds import DelayedGlobal, RoundWork, round_line, throttle, wait_for_commit
 from crosscloud.training.session import Run, load_params, parameters, rank_batch
-from crosscloud.training.stopped import Paused
+from crosscloud.training.stopped import Paused, Stopped
 from crosscloud.training.time_limit import Overrun, time_limit
+
+LEASE_READ_S = 5.0  # a round boundary reads the run's lease heartbeat at most this often (one small GET)
 
 
 def _fp32(params: dict[str, torch.nn.Parameter]) -> dict[str, torch.Tensor]:
@@ -99,6 +102,7 @@ class DiLoCo:
         self._evaluate = None
         self.eval_s = self.eval_cpu_s = 0.0  # the program's evaluate since the last commit: reported apart
         self._cpu = 0.0  # the process's CPU time at the last commit: what the rounds cost, whatever else ran
+        self._lease_read_at = float("-inf")  # the run's lease heartbeat is read at most every LEASE_READ_S
 
     # -- the program's side --------------------------------------------------------
     def __enter__(self) -> DiLoCo:
@@ -303,6 +307,10 @@ class DiLoCo:
         meta = self.known.metas.get(need, {})
         if meta.get("pause") and (pause := self._pause_asked(meta["pause"])):
             self._pause(r, pause)
+        if why := self._lease_lapsed():
+            self._settle(r)
+            print(f"round {r}: committed; the sub-task stops here: {why}", flush=True)
+            raise Stopped(f"run {self.plan.run_id}: {why}")
         self.share = meta.get("next_shares", {}).get(self.run.cloud, self.share)  # moved shares
         self.cap = meta.get("caps", {}).get(self.run.cloud, {"cap": 1.0, "throughput": 1.0})  # a grid request's cap
         self.ready = {"wait_s": time.perf_counter() - t3, "download_s": 0.0}
@@ -319,13 +327,31 @@ class DiLoCo:
             pause = box[0]
         return pause
 
-    def _pause(self, r: int, pause: str) -> None:
-        """Stop after round ``r``: its global made and committed here first, so no committed round is lost; the
+    def _lease_lapsed(self) -> str:
+        """Why this sub-task must stop, its run's lease lapsed past the grace (``run.heartbeat``), or ""; rank 0
+        reads its cloud's heartbeat, the other ranks take its answer."""
+        why = ""
+        if self.run.rank == 0 and time.monotonic() - self._lease_read_at >= LEASE_READ_S:
+            self._lease_read_at = time.monotonic()
+            why = heartbeat.lapsed(self.run.store, self.keys)
+        if self.run.world_size > 1:
+            box = [why]
+            dist.broadcast_object_list(box, 0)
+            why = box[0]
+        return why
+
+    def _settle(self, r: int) -> None:
+        """Round ``r``'s global made and committed here, the exchange closed: no committed round is lost, and the
         state saved with round ``r`` is where a sub-task started again goes on."""
         while self.known.round < r + 1:
             self._fold_in()
         if self.exchange:
             self.exchange.close()
+
+    def _pause(self, r: int, pause: str) -> None:
+        """Stop after round ``r`` (``_settle``) for the queue's pause."""
+        self._settle(r)
+        if self.exchange:
             home = self.exchange.decider.home
             home.put(self.keys.paused(self.run.cloud), json.dumps({"pause": pause, "round": r, "at": time.time()}).encode())
         print(f"round {r}: committed; the run pauses here ({pause}) and resumes from this round", flush=True)

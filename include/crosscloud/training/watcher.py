@@ -29,6 +29,7 @@ from crosscloud.backends import Backend, Handle, get_backend
 from crosscloud.backends.base import PROGRAM_FAILED, STOPPED
 from crosscloud.ledger import Ledger
 from crosscloud.ledger.queue import WAITING
+from crosscloud.run import heartbeat
 from crosscloud.run.history import load_history, save_history
 from crosscloud.run.lease import Lease
 from crosscloud.run.plan import Plan
@@ -56,7 +57,7 @@ class Watcher:
         self._looked_at = float("-inf")
         self.home = stores[plan.coordinator_cloud]
         self.ledger = ledger
-        self.lease = Lease(plan.tenant, plan.run_id, ledger, log) if ledger is not None else None
+        self.lease = Lease(plan.tenant, plan.run_id, ledger, log, beat=self._beat) if ledger is not None else None
         self.notes = read_watch(self.home, plan)  # what a watcher before this one knew
         self.notes.setdefault("handles", {h["cloud"]: h for h in handles})
         for key in ("lost", "restarted_at", "ended", "log_offsets"):
@@ -65,6 +66,12 @@ class Watcher:
         self.notes.setdefault("resumed", [])  # the pauses the run has resumed from
         self.history = load_history(self.home, plan)
         self.since = since or time.time()  # the last progress seen: this watch's start (or an earlier one's), each round
+
+    def _beat(self, expires_at: float) -> None:
+        """The renewed lease, told to every cloud still in the run: their sub-tasks stop once it lapses."""
+        stores = [s for c, s in self.stores.items() if c not in self.notes["lost"]]
+        if failed := heartbeat.write(stores, self.plan.keys, expires_at):
+            self.log(f"run {self.plan.run_id}: the lease's heartbeat could not be written to {failed} now")
 
     @property
     def done(self) -> bool:
@@ -236,6 +243,8 @@ class Watcher:
         pause = self.notes.pop("pause")
         self.notes["resumed"].append(pause["id"])  # before the restarts: a sub-task passes a pause it resumed from
         self._save_notes()
+        if self.lease is not None:  # the heartbeat of the devices the queue gave back, not the lapsed one of the pause
+            self.lease.renew(force=True)
         for cloud, why in sorted(self.notes["ended"].items()):
             if why.startswith("paused"):
                 del self.notes["ended"][cloud]
