@@ -71,15 +71,25 @@ class PostgresServer:
         self.folder = self._own_folder()
         data, log = self.folder / "data", self.folder / "server.log"
         self._run(str(bin_dir / "initdb"), "-D", str(data), "-U", self.user, "-A", "trust", "-E", "UTF8", "--no-sync")
-        options = " ".join(f"-c {k}={v}" for k, v in
-                           {**self.settings, "port": str(self.port), "unix_socket_directories": str(self.folder)}.items())
         try:
-            self._run(str(bin_dir / "pg_ctl"), "-D", str(data), "-l", str(log), "-o", options, "-w", "-t", "60", "start")
+            self._start_server()
         except PostgresUnavailable as exc:
             tail = log.read_text()[-800:] if log.exists() else ""
             self.stop()
             raise PostgresUnavailable(f"{exc}\n{tail}") from None
         return self
+
+    def _start_server(self) -> None:
+        options = " ".join(f"-c {k}={v}" for k, v in
+                           {**self.settings, "port": str(self.port), "unix_socket_directories": str(self.folder)}.items())
+        self._run(str(self._bin / "pg_ctl"), "-D", str(self.folder / "data"), "-l", str(self.folder / "server.log"),
+                  "-o", options, "-w", "-t", "60", "start")
+
+    def crash(self) -> None:
+        """Stop at once, as a crash of the server's processes would: what was not written from its WAL buffers is
+        lost; then start it again on the same data and port."""
+        self._run(str(self._bin / "pg_ctl"), "-D", str(self.folder / "data"), "-m", "immediate", "-w", "stop")
+        self._start_server()
 
     def stop(self) -> None:
         if self.folder is None:

@@ -239,3 +239,24 @@ def test_a_run_that_gave_its_devices_back_renews_nothing_and_warns_of_no_lapse(a
     late = lease.Lease("team-a", "dead", any_ledger, log=said.append)
     late.renew(force=True)
     assert late.lapsed and "holds no reservation any more" in said[0]
+
+
+@pytest.mark.multihost
+def test_releases_and_renewals_survive_a_server_crash_the_moment_they_return():
+    from pgserver import PostgresServer
+
+    # the WAL writer waits 10 s: only a commit that flushed itself survives a crash within that
+    with PostgresServer({"fsync": "off", "wal_writer_delay": "10000ms"}) as server:
+        url_ = server.create_database("crash")
+        ledger = Ledger(url_)
+        for i in range(3):
+            _take(ledger, f"r{i}", 1, lease_s=60)
+        renewed_at = time.time()
+        ledger.renew("team-a", "r0", lease_s=3600)
+        assert ledger.release("team-a", "r1") == 1
+        ledger.renew("team-a", "r2", lease_s=3600)
+        server.crash()
+        after = Ledger(url_ + "?application_name=after-crash")  # a new engine: the old one's connections died
+        active = {r.run_id: r for r in after.active()}
+        assert sorted(active) == ["r0", "r2"]  # the release held
+        assert all(r.lease_expires_at >= renewed_at + 3000 for r in active.values())  # and the renewals

@@ -105,13 +105,16 @@ def write(engine: Engine, lock: bool = True, durable: bool = True) -> Iterator[C
     """A write transaction; with ``lock``, one at a time for the whole ledger (see the module docstring).
 
     PostgreSQL: a locked transaction's commit does not wait for the disk, so
-    the lock, which every other admission queues for, is not held through the
-    flush; with ``durable`` a second, empty transaction then waits for the
-    flush of the WAL up to its own commit, and so past this one (concurrent
-    admissions share one flush). What another admission decided on is never
-    on disk later than its own decision. ``durable=False`` skips that wait:
-    only for what the leases repair if a server crash loses it, a release or
-    a renewal.
+    the lock, which every other writer queues for, is not held through the
+    flush; with ``durable`` a second transaction of its own then waits for the
+    flush of the WAL up to its commit, and so past this one (concurrent
+    writers share one flush). That transaction must write WAL, or its commit
+    would not wait either: it emits an empty logical message (prefix
+    ``crosscloud``, executable by any role, ignored by decoders that do not
+    ask for it). What another admission decided on is never on disk later
+    than its own decision. ``durable=False`` skips that wait: only for the
+    queue's bookkeeping that the next pass or poll writes again (estimates,
+    touches, decisions); admissions, releases and renewals are durable.
     """
     postgres = is_postgres(engine)
     with deferred(), engine.connect() as conn:
@@ -121,9 +124,9 @@ def write(engine: Engine, lock: bool = True, durable: bool = True) -> Iterator[C
                 exclusive = f", pg_advisory_xact_lock({LEDGER_LOCK})" if lock else ""
                 conn.exec_driver_sql(f"SELECT set_config('synchronous_commit', 'off', true){exclusive}")
             yield conn
-        if postgres and lock and durable:  # a transaction of one statement: its commit record, flushed
+        if postgres and lock and durable:  # a transaction that writes WAL: its commit flushes, past this one's
             conn.execution_options(isolation_level="AUTOCOMMIT")
-            conn.exec_driver_sql("SELECT txid_current()")
+            conn.exec_driver_sql("SELECT pg_logical_emit_message(true, 'crosscloud', '')")
 
 
 @contextmanager

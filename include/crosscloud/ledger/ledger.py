@@ -199,17 +199,19 @@ class Ledger:
 
     def renew(self, tenant: str, run_id: str, lease_s: float | None = None) -> int:
         """Extend a run's lease to ``lease_s`` from now; returns the devices it holds (0: released or lapsed)."""
-        with backend.write(self.engine, durable=False) as db:  # a renewal lost in a crash: the next one renews
+        # on disk before it returns: the clouds' heartbeat (run.heartbeat) tells sub-tasks the new expiry, which a
+        # renewal lost in a server crash would leave them trusting while the ledger gave the devices away
+        with backend.write(self.engine) as db:
             return sum(r.devices for r in self._renew(db, tenant, run_id, time.time(), lease_s or lease_seconds()))
 
     def release(self, tenant: str, run_id: str, reason: str = "released") -> int:
         """Give back a run's devices; returns how many were held (0 when already released or lapsed).
 
-        Not flushed before it returns (PostgreSQL): a release a server crash
-        loses leaves the devices reserved until the run's lease lapses, never
-        reserved twice; an admission is always on disk before it returns.
+        On disk before it returns, as an admission is: a release is what its
+        caller then acts on (a queued run started on those devices, a run
+        reported finished).
         """
-        with backend.write(self.engine, durable=False) as db:
+        with backend.write(self.engine) as db:
             now = time.time()
             held = self._release(db, tenant, run_id, now, reason, reason)
             queue_rows.end(db, tenant, run_id, ("running", "paused"), "done", reason, now)
