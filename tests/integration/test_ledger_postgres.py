@@ -38,7 +38,7 @@ def test_processes_opening_a_new_database_at_once_migrate_it_once(postgres, in_p
     where = _fresh(postgres)
     assert sorted(in_processes(_open_and_admit, [(where, i) for i in range(6)])) == list(range(6))
     with sa.create_engine(where).connect() as conn:
-        assert conn.exec_driver_sql(f"SELECT version_num FROM {VERSION_TABLE}").all() == [("0005",)]
+        assert conn.exec_driver_sql(f"SELECT version_num FROM {VERSION_TABLE}").all() == [("0006",)]
 
 
 def test_an_admission_waits_for_the_ledger_lock(postgres):

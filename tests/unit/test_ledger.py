@@ -114,7 +114,7 @@ def test_pins_and_cloud_membership_are_upserts(any_ledger):
 
 def test_a_new_database_is_brought_to_the_newest_schema(any_ledger):
     with any_ledger.engine.connect() as conn:
-        assert migrate.current(conn) == migrate.head() == "0005"
+        assert migrate.current(conn) == migrate.head() == "0006"
         context = MigrationContext.configure(conn, opts={"version_table": VERSION_TABLE})
         assert compare_metadata(context, metadata) == []  # the migrations build what the queries use
 
@@ -149,7 +149,8 @@ CREATE TABLE IF NOT EXISTS clouds (
 """
 
 
-def test_a_ledger_of_the_sqlite_only_code_is_upgraded_with_its_rows(tmp_path):
+def test_a_ledger_of_the_sqlite_only_code_is_upgraded_with_its_rows(tmp_path, monkeypatch):
+    monkeypatch.setenv("CROSSCLOUD_LEASE_S", "100")
     path = tmp_path / "old.sqlite"
     with sqlite3.connect(path) as db:
         db.executescript(OLD_SCHEMA)
@@ -159,17 +160,22 @@ def test_a_ledger_of_the_sqlite_only_code_is_upgraded_with_its_rows(tmp_path):
         db.execute("INSERT INTO pins VALUES ('team-a', 'sha', 'beijing', 9.0)")
         db.execute("INSERT INTO clouds (cloud, state) VALUES ('shanghai', 'draining')")
     db.close()
+    upgraded_at = time.time()
     ledger = Ledger(path)
     [held] = ledger.active()
-    assert (held.run_id, held.devices, held.lease_expires_at) == ("old", 2, None)  # no lease: held until released
+    # a reservation made before leases gets one from the upgrade on: a run still alive renews it, a dead one's
+    # devices come back once it lapses
+    assert (held.run_id, held.devices, held.holder) == ("old", 2, "before leases")
+    assert upgraded_at + 100 <= held.lease_expires_at <= time.time() + 100
+    assert ledger.renew("team-a", "old") == 2
     assert ledger.pins("team-a") == [("sha", "beijing", 9.0)] and ledger.memberships()["shanghai"].state == "draining"
     with sqlite3.connect(path) as db:
         columns = {row[1] for row in db.execute("PRAGMA table_info(reservations)")}
         assert {"holder", "lease_expires_at", "release_reason"} <= columns
-        assert db.execute(f"SELECT version_num FROM {VERSION_TABLE}").fetchall() == [("0005",)]
+        assert db.execute(f"SELECT version_num FROM {VERSION_TABLE}").fetchall() == [("0006",)]
     db.close()
-    assert ledger.release("team-a", "old", reason="upgraded") == 2
-    assert [e.detail for e in ledger.events()] == ["upgraded"]
+    assert ledger.reap(now=time.time() + 1000) and ledger.active() == []
+    assert [e.detail.split(" (")[0] for e in ledger.events()] == ["lease lapsed"]
 
 
 @pytest.fixture()
