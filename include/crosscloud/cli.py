@@ -13,27 +13,19 @@ from dataclasses import fields
 from pathlib import Path
 
 from crosscloud.artifacts.catalog import load_catalog
-from crosscloud.core.deployment import SingleHostOnly
-from crosscloud.core.federation import FederationError, load_federation
+from crosscloud.core.federation import load_federation
 from crosscloud.core.job import JobSpec, JobSpecError, key_values
-from crosscloud.ledger import Ledger, ReservationError
+from crosscloud.ledger import Ledger
 from crosscloud.pipeline.inputs import upload_dataset
 from crosscloud.pipeline.stages import run_job
 from crosscloud.pool import membership
 from crosscloud.pool.inventory import CloudView, Inventory, PoolView, TenantView, collect
-from crosscloud.pool.placement import PlacementError
 from crosscloud.scheduler.admission import NotAdmitted
 from crosscloud.scheduler.service import Queue
 from crosscloud.scheduler.view import format_explain, format_queue, status_dict
-from crosscloud.store.credentials import CredentialsError
+from crosscloud.pipeline.user_errors import USER_ERRORS
 from crosscloud.store.open_store import open_store
 from crosscloud.tracking.progress import Progress
-from crosscloud.training.program import ProgramError
-
-# what a user can fix (the program, the federation file, a parameter, a refused placement, credentials, a
-# deployment that needs another ledger): its message and the fix, without a traceback unless --debug
-USER_ERRORS = (ProgramError, FederationError, JobSpecError, PlacementError, CredentialsError, ReservationError,
-               SingleHostOnly)
 
 
 def _summaries(store, tenant: str) -> list[dict]:

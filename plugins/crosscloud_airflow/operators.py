@@ -59,13 +59,26 @@ class AdmitOperator(BaseOperator):
         self.poll_interval = poll_interval or float(os.environ.get("CROSSCLOUD_QUEUE_POLL_S") or 10.0)
 
     def execute(self, context) -> dict:
-        return self._admit(context)
+        return self._admit_or_fail(context)
 
     def resume(self, context, event: dict) -> dict:
         self.log.info("queue: %s (%s)", event.get("state"), event.get("reason"))
         if event.get("state") in ("cancelled", "refused"):
             raise RuntimeError(f"run {context['run_id']} left the queue {event['state']}: {event.get('reason')}")
-        return self._admit(context)
+        return self._admit_or_fail(context)
+
+    def _admit_or_fail(self, context) -> dict:
+        """A user's error (bad program, Param, federation, placement...) fails the task at once, not retried, with its
+        message as the log's last line."""
+        from airflow.sdk.exceptions import AirflowFailException
+
+        from crosscloud.pipeline.user_errors import USER_ERRORS
+
+        try:
+            return self._admit(context)
+        except USER_ERRORS as exc:
+            self.log.error("run %s refused: %s", context["run_id"], exc)
+            raise AirflowFailException(f"{type(exc).__name__}: {exc}") from None
 
     def _admit(self, context) -> dict:
         from crosscloud.core.federation import federation_path

@@ -72,3 +72,18 @@ def test_an_evaluation_that_hangs_or_raises_is_recorded_as_failed_and_the_run_tr
     assert hung["error"] == "evaluate of global 0 ran past its time limit of 3 s"
     assert raised["error"] == "evaluate of global 2 raised RuntimeError: the held-out set is unreadable"
     assert Ledger().active(run_id="program-slow-eval") == []
+
+
+def test_a_dag_run_of_a_missing_program_fails_at_once_saying_what_to_fix(dagbag, capfd):
+    from dagruns import params_restored
+
+    with params_restored(dagbag.get_dag("cross_cloud_training")) as dag:
+        run = dag.test(run_conf={**SMALL, "program": "examples/nowhere.py"})
+    [admit] = [ti for ti in run.get_task_instances() if ti.task_id == "admit"]
+    # a user's error is not retried (the DAG retries its tasks twice): the task failed on its first try
+    assert run.state == "failed" and admit.state == "failed" and admit.try_number == 1
+    log = capfd.readouterr().out  # dag.test() writes the task logs here
+    assert "AirflowFailException: ProgramError: program 'examples/nowhere.py': no file" in log
+    assert "set CROSSCLOUD_PROJECT_DIR to change it" in log
+    assert "include/crosscloud/" not in log  # Airflow's own frames only: none of the engine's hides the message
+    assert Ledger().active(run_id=run.run_id) == []
