@@ -103,6 +103,7 @@ class DiLoCo:
         self.eval_s = self.eval_cpu_s = 0.0  # the program's evaluate since the last commit: reported apart
         self._cpu = 0.0  # the process's CPU time at the last commit: what the rounds cost, whatever else ran
         self._lease_read_at = float("-inf")  # the run's lease heartbeat is read at most every LEASE_READ_S
+        self.committed: threading.Event | None = None  # set once the last round handed over is committed here
 
     # -- the program's side --------------------------------------------------------
     def __enter__(self) -> DiLoCo:
@@ -243,13 +244,14 @@ class DiLoCo:
         self.eval_s = self.eval_cpu_s = 0.0
         self._cpu = time.process_time()
         held = [snap, delta]  # handed over: the thread lets go of each as soon as it is written
-        self.inflight = _beside(self._round_beside, r, held, meta, self.known.params, self.known.round)
+        self.committed = threading.Event()
+        self.inflight = _beside(self._round_beside, r, held, meta, self.known.params, self.known.round, self.committed)
         line = (f"round {r}: trained before the restart, committed" if restored and self.share > 0 else
                 round_line(r, losses, work, self.cap, self.ready, self.spec.inner_steps))
         print(line, flush=True)
 
     def _round_beside(self, r: int, held: list, meta: dict, known: dict[str, torch.Tensor],
-                      known_round: int) -> RoundResult:
+                      known_round: int, committed: threading.Event) -> RoundResult:
         """Round ``r`` beside training: the state a restart goes on from, the round's commit, then its exchange.
 
         The state comes first, so a commit always has a state that goes on after it; it names
@@ -272,6 +274,7 @@ class DiLoCo:
             del data  # the exchange holds it until the round writes it to its spool
             write_step(self.run.store, step, {}, refs={name: entry},
                        meta={**meta, "commit_s": time.perf_counter() - t})  # writing state and delta, beside training
+        committed.set()
         result = self.exchange.round(r, known)
         self.exchange.publish(result, wait=False)
         return result
@@ -301,16 +304,14 @@ class DiLoCo:
         computes and is folded in when it is ready); blocking: it starts from global r + 1.
         """
         t3 = time.perf_counter()
+        if why := self._lease_lapsed():
+            self._stop_lapsed(r, why)
         need = r if self.plan.overlap else r + 1
         while self.known.round < need:
             self._fold_in()
         meta = self.known.metas.get(need, {})
         if meta.get("pause") and (pause := self._pause_asked(meta["pause"])):
             self._pause(r, pause)
-        if why := self._lease_lapsed():
-            self._settle(r)
-            print(f"round {r}: committed; the sub-task stops here: {why}", flush=True)
-            raise Stopped(f"run {self.plan.run_id}: {why}")
         self.share = meta.get("next_shares", {}).get(self.run.cloud, self.share)  # moved shares
         self.cap = meta.get("caps", {}).get(self.run.cloud, {"cap": 1.0, "throughput": 1.0})  # a grid request's cap
         self.ready = {"wait_s": time.perf_counter() - t3, "download_s": 0.0}
@@ -339,6 +340,15 @@ class DiLoCo:
             dist.broadcast_object_list(box, 0)
             why = box[0]
         return why
+
+    def _stop_lapsed(self, r: int, why: str) -> None:
+        """The run's lease lapsed: stop once this cloud's commit of round ``r`` is written, without waiting for the
+        round's global, which needs peers that stop too (or died with the runner); a sub-task started again goes on
+        from the state saved with the round."""
+        if self.committed is not None and not self.committed.wait(self.spec.round_timeout_s):
+            why += f"; round {r}'s commit was not written within {self.spec.round_timeout_s:.0f} s"
+        print(f"round {r}: committed; the sub-task stops here: {why}", flush=True)
+        raise Stopped(f"run {self.plan.run_id}: {why}")
 
     def _settle(self, r: int) -> None:
         """Round ``r``'s global made and committed here, the exchange closed: no committed round is lost, and the
