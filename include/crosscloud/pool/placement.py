@@ -295,7 +295,7 @@ def place(job: JobRequest, sites: list[Site], network: TransferTime = no_network
     split = _split(job, eligible, network, weights) if job.splittable and job.devices > 1 else None
     if split is not None:
         options.append(split)
-    best = _best(options, sites, weights)
+    best, now = _best(options, sites, weights)
     held = {(p.cloud, p.accelerator): p.devices for p in best.parts} if best else {}
     considered = []
     for site in sites:
@@ -306,7 +306,7 @@ def place(job: JobRequest, sites: list[Site], network: TransferTime = no_network
         elif key in held:
             reason = f"chosen: {_figures(best)}"
         considered.append(Considered(site.cloud, site.accelerator, key in held, reason))
-    return Decision(job.name, best, considered, starts_now=best is not None and _starts_now(best, sites))
+    return Decision(job.name, best, considered, starts_now=now)
 
 
 def _starts_now(option: Option, sites: list[Site]) -> bool:
@@ -316,9 +316,13 @@ def _starts_now(option: Option, sites: list[Site]) -> bool:
                if (s.cloud, s.accelerator) in held)
 
 
-def _best(options: list[Option], sites: list[Site], w: Weights) -> Option | None:
-    """The best-scored option; unless ``w.wait_for_faster``, the best of those that start now when there are any."""
+def _best(options: list[Option], sites: list[Site], w: Weights) -> tuple[Option | None, bool]:
+    """The best-scored option and whether it starts now; unless ``w.wait_for_faster``, the best of those that start
+    now when there are any."""
     best = min(options, key=lambda o: o.score, default=None)
-    if best is None or w.wait_for_faster or _starts_now(best, sites):
-        return best
-    return min((o for o in options if _starts_now(o, sites)), key=lambda o: o.score, default=best)
+    if best is None:
+        return None, False
+    if _starts_now(best, sites):
+        return best, True
+    now = [] if w.wait_for_faster else [o for o in options if _starts_now(o, sites)]
+    return (min(now, key=lambda o: o.score), True) if now else (best, False)

@@ -350,18 +350,13 @@ class DiLoCo:
         print(f"round {r}: committed; the sub-task stops here: {why}", flush=True)
         raise Stopped(f"run {self.plan.run_id}: {why}")
 
-    def _settle(self, r: int) -> None:
-        """Round ``r``'s global made and committed here, the exchange closed: no committed round is lost, and the
+    def _pause(self, r: int, pause: str) -> None:
+        """Stop after round ``r``: its global made and committed here first, so no committed round is lost; the
         state saved with round ``r`` is where a sub-task started again goes on."""
         while self.known.round < r + 1:
             self._fold_in()
         if self.exchange:
             self.exchange.close()
-
-    def _pause(self, r: int, pause: str) -> None:
-        """Stop after round ``r`` (``_settle``) for the queue's pause."""
-        self._settle(r)
-        if self.exchange:
             home = self.exchange.decider.home
             home.put(self.keys.paused(self.run.cloud), json.dumps({"pause": pause, "round": r, "at": time.time()}).encode())
         print(f"round {r}: committed; the run pauses here ({pause}) and resumes from this round", flush=True)
