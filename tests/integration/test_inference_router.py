@@ -10,6 +10,7 @@ With ``CI=true`` a replica or router that cannot start fails the test.
 
 from __future__ import annotations
 
+import http.server
 import json
 import threading
 import time
@@ -215,3 +216,50 @@ def test_a_router_bound_to_a_tenants_jurisdiction_never_takes_a_cloud_outside_it
         bring_up(router, spec, "singapore", free_port())
     assert find_local(spec, "singapore") is None and router.endpoints == {}
     router.admits(Endpoint("beijing", 0, "127.0.0.1", 1, "CN"))
+
+
+class _Flaky(http.server.BaseHTTPRequestHandler):
+    """A replica's /health that answers 503 while the server's ``failing`` flag is set."""
+
+    def do_GET(self):  # noqa: N802 - http.server's name
+        self.send_response(503 if self.server.failing else 200)
+        self.send_header("Content-Length", "0")
+        self.end_headers()
+
+    def log_message(self, *args):
+        pass
+
+
+def test_one_failed_check_leaves_a_replica_healthy_until_haproxy_itself_marks_it_down(tmp_path):
+    """An operator's 'healthy' is HAProxy's verdict (fall 3), not the last check: one slow answer is not an outage."""
+    replica = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Flaky)
+    replica.failing = False
+    threading.Thread(target=replica.serve_forever, daemon=True).start()
+    router = Router(tmp_path, free_port(), check_ms=1000)
+    try:
+        try:
+            router.start()
+        except RouterError as exc:
+            unavailable(str(exc))
+        router.add(Endpoint("beijing", 0, "127.0.0.1", replica.server_address[1]))
+        router.wait_healthy("beijing-0")
+        replica.failing = True
+        row = _wait_for(lambda r: r.get("srv_check_result") == "2", router)  # CHK_RES_FAILED: one check failed
+        seen = router.status()["beijing-0"]  # two more checks (2 s) before HAProxy could mark it down
+        assert row["srv_op_state"] == "2" and seen["healthy"], (row, seen)
+        _wait_for(lambda r: r.get("srv_op_state") == "0", router)  # SRV_ST_STOPPED after three
+        assert not router.status()["beijing-0"]["healthy"]
+        replica.failing = False
+        _wait_for(lambda r: r.get("srv_op_state") == "2", router)
+        assert router.status()["beijing-0"]["healthy"]
+    finally:
+        router.stop(grace_s=5)
+        replica.shutdown()
+
+
+def _wait_for(condition, router: Router, timeout_s: float = 30.0) -> dict[str, str]:
+    deadline = time.monotonic() + timeout_s
+    while not condition(row := router.servers().get("beijing-0", {})):
+        assert time.monotonic() < deadline, row
+        time.sleep(0.02)
+    return row

@@ -135,6 +135,11 @@ def _passed(row: dict[str, str]) -> bool:
     return row.get("srv_op_state") == RUNNING and row.get("srv_check_result") in CHECK_PASSED
 
 
+def _up(row: dict[str, str], admitted: bool) -> bool:
+    """HAProxy's own verdict on a replica that has passed once: one failed check is not down (``fall 3``)."""
+    return _passed(row) or (admitted and row.get("srv_op_state") == RUNNING)
+
+
 class Router:
     """A real HAProxy process and its runtime API: the only way traffic shares change."""
 
@@ -281,13 +286,14 @@ class Router:
     def status(self) -> dict[str, dict]:
         """Per replica: its cloud, weight, admin state, health, requests in flight and answered: what an operator sees."""
         states, stats = self.servers(), self.stats()
+        self._admit(states)
         out = {}
         for name, ep in self.endpoints.items():
             row, stat = states.get(name, {}), stats.get(name, {})
             admin = int(row.get("srv_admin_state", "0") or 0)
             out[name] = {"cloud": ep.cloud, "address": f"{ep.host}:{ep.port}", "weight": int(row.get("srv_uweight", 0)),
                          "state": "maint" if admin & MAINT else ("drain" if admin & DRAIN else "ready"),
-                         "healthy": _passed(row),
+                         "healthy": _up(row, name in self.admitted),
                          "in_flight": int(stat.get("scur") or 0), "requests": int(stat.get("stot") or 0),
                          "errors_5xx": int(stat.get("hrsp_5xx") or 0)}
         return out
@@ -316,11 +322,7 @@ class Router:
         weight 256: HAProxy's weighted random gives a server one point on its ring
         per unit of weight, so larger weights split closer to the shares.
         """
-        states = self.servers()
-        for name in self.endpoints:
-            row = states.get(name, {})
-            if _passed(row) or int(row.get("srv_uweight", 0)) > 0:  # a weight was only ever given after a pass
-                self.admitted.add(name)
+        self._admit(self.servers())
         by_cloud: dict[str, list[str]] = {}
         for name, ep in self.endpoints.items():
             if name not in self.admitted:
@@ -336,6 +338,13 @@ class Router:
         for name, weight in weights.items():
             self._expect(f"set weight {BACKEND}/{name} {weight}")
         return weights
+
+    def _admit(self, states: dict[str, dict[str, str]]) -> None:
+        """Note the replicas that have passed a check, seen now or by the weight given to them (only ever after a pass)."""
+        for name in self.endpoints:
+            row = states.get(name, {})
+            if _passed(row) or int(row.get("srv_uweight", 0)) > 0:
+                self.admitted.add(name)
 
     def _set_state(self, cloud: str, state: str) -> list[str]:
         names = [name for name, ep in self.endpoints.items() if ep.cloud == cloud]
