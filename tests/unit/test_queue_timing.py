@@ -360,3 +360,21 @@ def test_a_deferred_run_leaves_the_cheap_device_to_the_urgent_work_expected_then
     assert d.kind == "plan" and d.planned_at == NOW + 4 * H and d.parts == (("A", "gpu", 1),)
     assert "leaving room for 1 run(s) expected to arrive" in d.reason
     assert set(result.decisions) == {("t", "flexible")} and not result.started and w.free == {("A", "gpu"): 1, ("B", "gpu"): 1}
+
+
+def test_a_run_that_must_start_now_takes_the_cheapest_pool_it_may_use_not_the_emptiest():
+    # A is cheapest but the tenant's quota there is spent; B has one device at 3 USD; C is empty at 9 USD, which
+    # placement alone would prefer (the least used)
+    totals, free = {"A": 2, "B": 2, "C": 4}, {"A": 2, "B": 1, "C": 4}
+    sites = [Site(c, "gpu", "X", totals[c], free[c], families=frozenset({"f"})) for c in totals]
+
+    def world():
+        return World({"f": sites}, {(c, "gpu"): n for c, n in free.items()}, {("B", "gpu"): [(NOW + 5 * H, 1)]},
+                     quota_left={"t": {"A": 0, "B": 2, "C": 4}})
+
+    rates = Rates(int(NOW // H), {(c, "gpu"): np.full(200, usd) for c, usd in (("A", 2.0), ("B", 3.0), ("C", 9.0))})
+    d = _pass([_entry("due", runtime_h=2.0, deadline_h=2.0)], world(), rates).decisions[("t", "due")]
+    assert d.kind == "start" and d.parts == (("B", "gpu", 1),), d.reason
+    flat = Rates(int(NOW // H), {(c, "gpu"): np.full(200, 3.0) for c in totals})
+    d = _pass([_entry("due", runtime_h=2.0, deadline_h=2.0)], world(), flat).decisions[("t", "due")]
+    assert d.parts == (("C", "gpu", 1),), d.reason  # prices equal: placement's own choice, the least used

@@ -178,13 +178,16 @@ class _Pass:
                        if decision.kind == "start" else None)
 
     def _now(self, entry: Entry, choice) -> Decision:
-        """The decision now: on the pools ``choice`` found cheapest first, if it starts there."""
+        """The decision now: on the pools ``choice`` found cheapest, else on the others by what starting on them now
+        costs, cheapest first; placement over them all only where none of them starts it (to reserve or wait)."""
         sites = self.sites(entry)
-        if choice is not None and entry.spread is None:
-            cheapest = [s for s in sites if (s.cloud, s.accelerator) in choice.keys]
-            decision = decide(entry, cheapest, self.network, self.weights)
-            if decision.kind == "start":
-                return decision
+        if entry.spread is None and entry.parts is None:
+            options = [choice.keys] if choice is not None else []
+            options += [o for o in self.timing.cheapest_now(entry, self.eligible(entry)) if o not in options]
+            for keys in options:
+                pools = [s for s in sites if (s.cloud, s.accelerator) in keys and s.free > 0]
+                if pools and (decision := decide(entry, pools, self.network, self.weights)).kind == "start":
+                    return decision
         return decide(entry, sites, self.network, self.weights)
 
 

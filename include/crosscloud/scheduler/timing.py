@@ -209,6 +209,12 @@ class Timing:
         return Choice(o, s, float(v[s]), float(v[0]), float(usd[s]), float(usd[0]),
                       None if kg is None else float(kg[s]), None if kg is None else float(kg[0]))
 
+    def cheapest_now(self, entry: Entry, eligible: list[Key]) -> list[tuple[Key, ...]]:
+        """The run's options by what starting on them now costs (its objective), cheapest first; priced ones only."""
+        costs = self._costs(entry, eligible) or {}
+        now = {o: float(v[0]) for o, (v, _, _) in costs.items() if len(v) and np.isfinite(v[0])}
+        return sorted(now, key=lambda o: (now[o], o))
+
     def plan_jointly(self, entries: list[tuple[Entry, list[Key]]], expected: list[tuple[Entry, list[Key]]] = ()) -> None:
         """Plan the waiting deferrable runs together (``joint``): each later ``choose`` of one takes its share of
         the plan. The runs due now may only start now; at most ``joint.MAX_RUNS``, the earliest deadlines.
