@@ -52,7 +52,7 @@ from crosscloud.core.keys import RunKeys
 from crosscloud.core.paths import state_dir
 from crosscloud.run.plan import Plan
 from crosscloud.serving.fleet import free_port
-from crosscloud.serving.replica import ServeSpec, bring_up, stop_local
+from crosscloud.serving.replica import ServeSpec, bring_up, stop
 from crosscloud.serving.router import Router
 from crosscloud.serving.server import CLOUD_HEADER
 from crosscloud.serving.traffic import power_w
@@ -144,11 +144,11 @@ class Live:
     def up(self, cloud: str) -> None:
         if cloud not in self.handles:
             self.preheat(cloud)
-            self.handles[cloud] = bring_up(self.router, self.spec, cloud, free_port())
+            self.handles[cloud] = bring_up(self.router, self.spec, cloud)
 
     def stop(self) -> None:
         for handle in self.handles.values():
-            stop_local(handle, grace_s=5)
+            stop(handle, grace_s=5)
         self.router.stop(grace_s=5)
 
 

@@ -204,3 +204,19 @@ def test_replan_reproduces_the_record_and_a_grid_cut_shrinks_the_cloud(data, mod
     assert [s.cloud for s in cut_plan.sheds] == [busiest] and cut_plan.sheds[0].achieved_pct >= 10
     # a cut on a cloud the record has no offer for changes nothing
     assert replan(record, {"nowhere": cut[busiest]}, None).shares == pytest.approx(again.shares)
+
+
+def test_an_ssh_cloud_gets_an_offer_and_a_kubernetes_cloud_is_refused_with_what_to_do(data, model):
+    data(DE_LU=50.0, US_CAL_CISO=50.0, SG=50.0)
+
+    def access(method: str, **more):
+        def mutate(raw):
+            next(c for c in raw["clouds"] if c["name"] == "singapore")["access"] = {"method": method, **more}
+            next(c for c in raw["clouds"] if c["name"] == "singapore")["store"]["url"] = "s3://sg-bucket"
+        return embedded(mutate)
+
+    over_ssh = _offer(access("ssh", host="10.0.0.7", workdir="/srv/cc", python="/opt/cc/bin/python"), "singapore", model)
+    assert not isinstance(over_ssh, str), over_ssh
+    refused = _offer(access("kubernetes", namespace="serving"), "singapore", model)
+    assert isinstance(refused, str) and refused.startswith("refused: crosscloud starts replicas on local and ssh clouds")
+    assert "vllm_deployment" in refused

@@ -85,6 +85,14 @@ class Backend:
         """Devices held by running sub-tasks: {cloud: {accelerator: n}}."""
         raise NotImplementedError
 
+    def address(self, cloud: str, access: dict) -> str:
+        """The address at which this host reaches a process the backend starts on ``cloud`` (a serving replica)."""
+        raise SubTaskError(f"cloud {cloud}: the {self.name} access method starts no process this host can reach")
+
+    def free_port(self, cloud: str, access: dict) -> int:
+        """A TCP port free now where the backend starts processes on ``cloud``."""
+        raise SubTaskError(f"cloud {cloud}: the {self.name} access method starts no process this host can reach")
+
 
 class RemoteState:
     """A remote sub-task's state and output, asked at most every ``interval_s``.

@@ -13,6 +13,7 @@ import json
 import os
 import shlex
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -154,6 +155,14 @@ class LocalBackend(Backend):
                 if self._process(handle) is None:
                     return
                 time.sleep(0.1)
+
+    def address(self, cloud: str, access: dict) -> str:
+        return "127.0.0.1"
+
+    def free_port(self, cloud: str, access: dict) -> int:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            return s.getsockname()[1]
 
     def used_devices(self) -> dict[str, dict[str, int]]:
         used: dict[str, dict[str, int]] = {}

@@ -153,7 +153,7 @@ class SSHBackend(Backend):
             raise SubTaskError(f"cloud {spec.cloud}: could not start the sub-task on the host: {out.strip()[-300:]}")
         handle = {"backend": self.name, "cloud": spec.cloud, "tenant": spec.tenant, "run_id": spec.run_id,
                   "pid": int(out.strip()), "folder": folder, "accelerator": spec.accelerator, "devices": spec.devices,
-                  "access": access, "started_at": time.time()}
+                  "access": access, "args": spec.args, "started_at": time.time()}  # args: no secrets, those are env
         _put(spec.cloud, access, folder, {"handle.json": json.dumps(handle)})
         return handle
 
@@ -218,6 +218,18 @@ class SSHBackend(Backend):
                   f"kill -KILL -- -{pid} 2>/dev/null; exit 0")
         _run(handle["cloud"], handle["access"], script)
         self._remote.forget(handle["folder"])
+
+    def address(self, cloud: str, access: dict) -> str:
+        """The host's address as the SSH connection reached it (``access.serve_host`` overrides it for replicas)."""
+        return _client(cloud, access).get_transport().getpeername()[0]
+
+    def free_port(self, cloud: str, access: dict) -> int:
+        """A port free on the host now, asked of its prepared interpreter."""
+        code, out = _run(cloud, access, f"{shlex.quote(access['python'])} -c " + shlex.quote(
+            "import socket; s = socket.socket(); s.bind(('', 0)); print(s.getsockname()[1])"))
+        if code != 0 or not out.strip().isdigit():
+            raise SubTaskError(f"cloud {cloud}: could not find a free port on the host: {out.strip()[-300:]}")
+        return int(out.strip())
 
     def used_devices(self) -> dict[str, dict[str, int]]:
         raise SubTaskError("ssh clouds report their sub-tasks per cloud (find); the ledger holds their reservations")

@@ -137,6 +137,8 @@ class Access(_Model):
     workdir: str | None = Field(default=None, description="folder on the host for sub-task files (ssh)")
     python: str | None = Field(default=None, description="interpreter of the prepared environment on the host (ssh)")
     env: dict[str, str] = Field(default_factory=dict, description="non-secret environment of the sub-task")
+    serve_host: str | None = Field(default=None, description="ssh: the address serving replicas listen on and the "
+                                   "router reaches them at (default: the host's address as SSH reached it)")
 
     @field_validator("env")
     @classmethod

@@ -24,9 +24,9 @@ from pathlib import Path
 
 import httpx
 
-from crosscloud.backends.local import LocalBackend
+from crosscloud.core.federation import load_federation
 from crosscloud.core.paths import state_dir
-from crosscloud.serving.replica import ServeSpec, bring_up, find_local, take_down
+from crosscloud.serving.replica import ServeSpec, bring_up, find, replica_arg, running, stop, take_down
 from crosscloud.serving.router import Endpoint, Router, RouterError
 
 
@@ -48,8 +48,7 @@ class Replica:
 
     @property
     def model(self) -> str:
-        command = self.handle["command"]
-        return command[command.index("--model") + 1]
+        return replica_arg(self.handle, "--model")
 
     @property
     def server(self) -> str:
@@ -116,10 +115,11 @@ class Fleet:
 
     def replicas(self) -> list[Replica]:
         """Replicas the fleet started whose processes run."""
-        spec, backend, out = self.spec, LocalBackend(), []
+        spec, out = self.spec, []
+        fed = load_federation(spec.federation) if spec else None
         for cloud, index in self._read("fleet.json", {}).get("replicas", []):
-            handle = find_local(spec, cloud, index) if spec else None
-            if handle is not None and backend.state(handle) == "running":
+            handle = find(spec, fed.cloud(cloud), index) if spec and cloud in {c.name for c in fed.clouds} else None
+            if handle is not None and running(handle):
                 out.append(Replica(cloud, index, handle))
         return out
 
@@ -148,7 +148,7 @@ class Fleet:
                 used.add((cloud, index))
                 self._remember(spec, list(used))
                 try:
-                    handle = bring_up(router, spec, cloud, free_port(), index, ready_timeout_s)
+                    handle = bring_up(router, spec, cloud, index, ready_timeout_s)
                 except (RouterError, RuntimeError) as e:
                     raise FleetError(f"cloud {cloud}: replica {index} of {spec.name} did not come up: {e}") from e
                 current.append(Replica(cloud, index, handle))
@@ -185,7 +185,7 @@ class Fleet:
             if router is not None and r.server in router.endpoints:
                 take_down(router, r.handle, r.index)
             else:
-                LocalBackend().stop(r.handle, grace_s=10)
+                stop(r.handle, grace_s=10)
             stopped.append(r.server)
         if router is not None:
             router.stop()

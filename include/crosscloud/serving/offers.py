@@ -21,6 +21,7 @@ from crosscloud.core.federation import Cloud, Federation
 from crosscloud.energy.power import PowerModelError
 from crosscloud.pool.inventory import electricity_now
 from crosscloud.pool.placement import Considered
+from crosscloud.serving.replica import refusal
 from crosscloud.serving.energy import (ACCELERATOR_SPECS, ServedModel, TokenRates, UnknownAcceleratorError,
                                        price_per_token, token_rates)
 from crosscloud.serving.traffic import CloudOffer
@@ -79,9 +80,8 @@ def measured_rates(rates: TokenRates, step_s: float) -> TokenRates:
 def cloud_offer(fed: Federation, cloud: Cloud, tenant: str, model: ServedModel, mix: RequestMix, when: float,
                 users_near: str, warm: bool, max_utilisation: float, step_s: float | None = None) -> CloudOffer | str:
     """The cloud's offer this hour, or why it cannot get traffic (``step_s``: a replica's measured time per token)."""
-    if cloud.access.method != "local":
-        return (f"refused: crosscloud starts replicas on local clouds only; on a {cloud.access.method} cloud apply "
-                "serving.replica.vllm_deployment's manifest and add its address to the router (docs/serving.md)")
+    if why := refusal(cloud):
+        return f"refused: {why}"
     pool = _pool(cloud)
     if pool is None:
         return f"refused: no pool with datasheet figures ({', '.join(p.accelerator for p in cloud.pools)})"

@@ -1,8 +1,11 @@
-"""Serving replicas on a cloud: a process on a local cloud, a vLLM Deployment on a Kubernetes cloud.
+"""Serving replicas on a cloud: a process on a local or ssh cloud, a vLLM Deployment on a Kubernetes cloud.
 
-A local replica is ``python -m crosscloud.serving.server`` started through the
-local backend (its own session, a handle file and a log in the state folder),
-so any later task can find, read and stop it. ``wait_ready`` returns once
+A replica is ``python -m crosscloud.serving.server`` started through its
+cloud's backend, as a training sub-task is: on a local cloud a process session
+of this host, on an ssh cloud one on the cloud's host in its prepared
+environment, listening at the host's address (``access.serve_host``, else the
+address SSH reached) on a port free there. Its handle (a file in the state
+folder, or on the host) lets any later task find, read and stop it. ``wait_ready`` returns once
 ``/health`` answers 200, or raises with the replica's own log when it exited:
 a cloud where the model is not warm refuses at start, and says so there.
 
@@ -17,22 +20,23 @@ from __future__ import annotations
 
 import json
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import httpx
 
-from crosscloud.backends.base import Handle, SubTaskSpec
+from crosscloud.backends import get_backend
+from crosscloud.backends.base import Handle, SubTaskError, SubTaskSpec
 from crosscloud.backends.kubernetes import FEDERATION_MOUNT, LABEL, PoolRequest, namespace, store_secret
-from crosscloud.backends.local import LocalBackend
-from crosscloud.core.federation import Cloud, load_federation
+from crosscloud.core.federation import Cloud, federation_path, load_federation
 from crosscloud.serving.router import Endpoint, Router
 from crosscloud.run.plan import Plan
 from crosscloud.store.chunks import BlobRef
-from crosscloud.store.credentials import credential_env_names
+from crosscloud.store.credentials import credential_env_names, credentials_env
 
 VLLM_IMAGE = "vllm/vllm-openai:v0.11.0"
 VLLM_PORT = 8000
 MODEL_MOUNT = "/models"
+SERVED_BY_PROCESS = ("local", "ssh")  # access methods whose replicas crosscloud starts as processes itself
 
 
 class ReplicaError(RuntimeError):
@@ -76,31 +80,65 @@ def handle_id(spec: ServeSpec, index: int) -> str:
     return f"serve-{spec.name}-r{index}"
 
 
-def start_local(spec: ServeSpec, cloud: str, port: int, index: int = 0) -> Handle:
-    """Start replica ``index`` on a local cloud (a running one under the same handle is kept, not doubled).
+def refusal(cloud: Cloud) -> str:
+    """Why crosscloud cannot start a replica on ``cloud`` itself; empty when it can."""
+    if cloud.access.method in SERVED_BY_PROCESS:
+        return ""
+    return (f"crosscloud starts replicas on local and ssh clouds; on a {cloud.access.method} cloud apply "
+            "serving.replica.vllm_deployment's manifest and add its address to the router (docs/serving.md)")
 
-    It is a cpu "device" of the cloud while it runs, as the local backend counts them.
+
+def start(spec: ServeSpec, cloud: Cloud, index: int = 0, port: int | None = None) -> Handle:
+    """Start replica ``index`` on ``cloud`` through its access method (a running one under the same handle is kept,
+    not doubled): a process of this host on a local cloud, a process session on the host on an ssh cloud, which
+    reads the model from its cloud's store with the tenant's keys and listens where the router reaches it.
+
+    It is a cpu "device" of the cloud while it runs, as the backends count them.
     """
-    sub = SubTaskSpec(tenant=spec.tenant, run_id=handle_id(spec, index), cloud=cloud, image="", accelerator="cpu",
-                      devices=1, module="crosscloud.serving.server", args=spec.server_args(cloud, port))
-    return _with_url(LocalBackend().start(sub))
+    if why := refusal(cloud):
+        raise ReplicaError(f"cloud {cloud.name}: {why}")
+    backend, access = get_backend(cloud.access.method), cloud.access.model_dump()
+    host = cloud.access.serve_host or backend.address(cloud.name, access)
+    remote = cloud.access.method != "local"
+    if remote and spec.federation is None:  # the host gets a copy of the federation file in use, named here
+        spec = replace(spec, federation=str(federation_path()))
+    sub = SubTaskSpec(tenant=spec.tenant, run_id=handle_id(spec, index), cloud=cloud.name, image="", accelerator="cpu",
+                      devices=1, module="crosscloud.serving.server", access=access,
+                      args=spec.server_args(cloud.name, port or backend.free_port(cloud.name, access), host),
+                      env=credentials_env(cloud, spec.tenant) if remote else {})
+    try:
+        return _with_url(backend.start(sub))
+    except SubTaskError as exc:
+        raise ReplicaError(str(exc)) from exc
 
 
-def find_local(spec: ServeSpec, cloud: str, index: int = 0) -> Handle | None:
+def find(spec: ServeSpec, cloud: Cloud, index: int = 0) -> Handle | None:
     """The handle of replica ``index`` on ``cloud``, running or not, or None if none was started."""
-    handle = LocalBackend().find(spec.tenant, handle_id(spec, index), cloud)
+    if refusal(cloud):
+        return None
+    handle = get_backend(cloud.access.method).find(spec.tenant, handle_id(spec, index), cloud.name,
+                                                   cloud.access.model_dump())
     return _with_url(handle) if handle else None
 
 
+def replica_arg(handle: Handle, flag: str) -> str:
+    """One of the replica's own command-line arguments (``--port``, ``--model``...), as its handle recorded them."""
+    args = handle.get("args") or handle["command"]
+    return args[args.index(flag) + 1]
+
+
 def _with_url(handle: Handle) -> Handle:
-    """The handle with the replica's URL, from its own command line (a kept replica keeps its port)."""
-    command = handle["command"]
-    return {**handle, "url": f"http://127.0.0.1:{command[command.index('--port') + 1]}"}
+    """The handle with the replica's URL, from its own arguments (a kept replica keeps its address and port)."""
+    return {**handle, "url": f"http://{replica_arg(handle, '--host')}:{replica_arg(handle, '--port')}"}
+
+
+def running(handle: Handle) -> bool:
+    return get_backend(handle["backend"]).state(handle) == "running"
 
 
 def wait_ready(handle: Handle, timeout_s: float = 60.0) -> dict:
     """Block until the replica's /health says ready; its health body. Raises with its log if it exited."""
-    backend, deadline = LocalBackend(), time.monotonic() + timeout_s
+    backend, deadline = get_backend(handle["backend"]), time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if backend.state(handle) != "running":
             log = backend.logs(handle)[0]
@@ -118,19 +156,23 @@ def wait_ready(handle: Handle, timeout_s: float = 60.0) -> dict:
     raise ReplicaError(f"replica on {handle['cloud']} not ready within {timeout_s:.0f} s: {backend.logs(handle)[0][-1500:]}")
 
 
-def stop_local(handle: Handle, grace_s: float = 10.0) -> None:
+def stop(handle: Handle, grace_s: float = 10.0) -> None:
     """SIGTERM (uvicorn finishes in-flight requests), then SIGKILL after ``grace_s``."""
-    LocalBackend().stop(handle, grace_s=grace_s)
+    get_backend(handle["backend"]).stop(handle, grace_s=grace_s)
 
 
-def bring_up(router: Router, spec: ServeSpec, cloud: str, port: int, index: int = 0, timeout_s: float = 90.0) -> Handle:
-    """Start a replica on a local cloud, wait until it answers, and put it behind the router at weight 0 until
+def bring_up(router: Router, spec: ServeSpec, cloud: str, index: int = 0, timeout_s: float = 90.0,
+             port: int | None = None) -> Handle:
+    """Start a replica on ``cloud``, wait until it answers, and put it behind the router at weight 0 until
     HAProxy's own check passed: from then on ``router.set_weights`` may give its cloud a share."""
-    where = load_federation(spec.federation).cloud(cloud).jurisdiction
-    router.admits(Endpoint(cloud, index, "127.0.0.1", port, where))  # before a process starts for nothing
-    handle = start_local(spec, cloud, port, index)
+    where = load_federation(spec.federation).cloud(cloud)
+    if why := refusal(where):
+        raise ReplicaError(f"cloud {cloud}: {why}")
+    router.admits(Endpoint(cloud, index, "", 0, where.jurisdiction))  # before a process starts for nothing
+    handle = start(spec, where, index, port)
     wait_ready(handle, timeout_s)
-    endpoint = Endpoint(cloud, index, "127.0.0.1", int(handle["url"].rsplit(":", 1)[1]), where)
+    endpoint = Endpoint(cloud, index, replica_arg(handle, "--host"), int(replica_arg(handle, "--port")),
+                        where.jurisdiction)
     router.add(endpoint)
     router.wait_healthy(endpoint.server, timeout_s)
     return handle
@@ -139,7 +181,7 @@ def bring_up(router: Router, spec: ServeSpec, cloud: str, port: int, index: int 
 def take_down(router: Router, handle: Handle, index: int = 0) -> None:
     """Scale a cloud down by one replica: out of the router once its in-flight requests finished, then stopped."""
     router.remove(Endpoint(handle["cloud"], index, "", 0).server)
-    stop_local(handle)
+    stop(handle)
 
 
 def deployment_name(spec: ServeSpec) -> str:

@@ -105,9 +105,10 @@ def haproxy_binary() -> str:
 
 
 def _socket_path(folder: Path) -> Path:
-    """``folder/admin.sock``, or a short path in the temporary folder when that one exceeds a socket's 107 bytes."""
+    """``folder/admin.sock``, or a short path in the temporary folder when that one is longer than HAProxy takes
+    (97 bytes in 2.6: its limit, below the kernel's 107)."""
     path = folder / "admin.sock"
-    if len(str(path)) < 100:
+    if len(str(path)) <= 97:
         return path
     return Path(tempfile.gettempdir()) / f"crosscloud-router-{hashlib.sha256(str(path).encode()).hexdigest()[:16]}.sock"
 
