@@ -12,7 +12,10 @@ minimum share for warm standby).
    served (`jurisdictions`) the model and program are not warm yet.
 2. **preheat** (one mapped task per cold cloud) fetches only the missing chunks
    from the nearest cloud holding them: a cloud gets a share only once it holds the model.
-3. **place** solves the hour: per cloud the price per token (electricity price
+3. **place** reads the tokens the replicas served since the last run into the
+   model's demand history and forecasts this hour's (the same hour a day
+   before, else the last hour; the `tokens_per_s` Param overrides it), then
+   solves the hour: per cloud the price per token (electricity price
    x energy per token of its accelerator x PUE, plus the device-hour price),
    its capacity in tokens/s, the p99 latency with its network distance from
    the users (`users_near`), residency, warm standby, and any grid request in
@@ -40,8 +43,8 @@ def _request():
     p = get_current_context()["params"]
     return ServingRequest(tenant=p["tenant"], model=p["model"], alias=p["alias"], clouds=tuple(p["clouds"]),
                           users_near=p["users_near"], p99_goal_ms=p["latency_goal_ms"], min_share=p["min_share"],
-                          tokens_per_s=p["tokens_per_s"], context_mean=p["context_tokens"],
-                          generated_mean=p["generated_tokens"], jurisdictions=tuple(p["jurisdictions"]))
+                          context_mean=p["context_tokens"], generated_mean=p["generated_tokens"],
+                          jurisdictions=tuple(p["jurisdictions"]))
 
 
 @task
@@ -88,6 +91,10 @@ def preheat(cloud: str, resolved: dict) -> dict:
 @task(trigger_rule="none_failed")
 def place(resolved: dict) -> dict:
     import json
+    import time
+    from dataclasses import replace
+
+    from crosscloud.serving.demand import Demand, expected_tokens_per_s
 
     from crosscloud.core.federation import load_federation
     from crosscloud.serving.fleet import Fleet
@@ -105,11 +112,15 @@ def place(resolved: dict) -> dict:
     step_s = local_step_s(fed, spec, weights, req.mix())
     fleet = Fleet(req.tenant, spec.name)
     when = (ctx.get("data_interval_end") or ctx["dag_run"].run_after).timestamp()
+    tokens_per_s, demand = expected_tokens_per_s(Demand(home, req.tenant, spec.name), fleet.token_counts(),
+                                                 time.time(), when, ctx["params"]["tokens_per_s"])
+    req = replace(req, tokens_per_s=tokens_per_s)
+    print(f"demand this hour: {demand['why']}")
     print(f"a local replica generates a token in {step_s * 1000:.2f} ms (measured here)")
     plan, offers = plan_hour(fed, req, model, warm_clouds(fed, spec, req.chosen_clouds(fed)), when, fleet.cuts(),
                              step_s=step_s)
     print(plan.explain())
-    record = decision_record(req, spec, resolved["version"], plan, offers, when, fleet.cuts())
+    record = {**decision_record(req, spec, resolved["version"], plan, offers, when, fleet.cuts()), "demand": demand}
     key = f"{req.tenant}/serving/{spec.name}/decisions/{ctx['run_id'].replace(':', '-').replace('+', '-')}.json"
     home.put(key, json.dumps(record, indent=2).encode())
     return record
@@ -154,7 +165,9 @@ def record(decision: dict) -> str:
         "users_near": Param("", type="string", description="Cloud nearest the users, for network distance (empty: home)."),
         "latency_goal_ms": Param(2000.0, type="number", exclusiveMinimum=0, description="p99 latency goal, network included."),
         "min_share": Param(0.05, type="number", minimum=0, maximum=1, description="Share every usable cloud keeps (warm standby)."),
-        "tokens_per_s": Param(200.0, type="number", exclusiveMinimum=0, description="Demand expected this hour, tokens/s."),
+        "tokens_per_s": Param(None, type=["null", "number"], exclusiveMinimum=0,
+                              description="Demand this hour, tokens/s, overriding the forecast from the traffic the "
+                              "replicas served (empty: the forecast; 200 until any traffic was measured)."),
         "context_tokens": Param(64.0, type="number", exclusiveMinimum=0, description="Mean prompt tokens per request."),
         "generated_tokens": Param(16.0, type="number", exclusiveMinimum=0, description="Mean generated tokens per request."),
         "jurisdictions": Param([], type="array", items={"type": "string"},

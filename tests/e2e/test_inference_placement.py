@@ -21,6 +21,7 @@ from servingload import Load, phase
 
 from crosscloud.cli import main as cli
 from crosscloud.core.federation import load_federation
+from crosscloud.serving.demand import Demand
 from crosscloud.serving.fleet import Fleet
 from crosscloud.serving.meter import RECENT_S
 from crosscloud.serving.placement import warm_clouds
@@ -173,3 +174,19 @@ def test_a_grid_request_cuts_the_cloud_and_its_traffic_returns_after(served, dag
     assert fleet.cuts() == {}
     home = open_store(load_federation().local_cloud, TENANT)
     assert home.list(f"{TENANT}/serving/{MODEL}/demand_response")
+
+
+def test_without_the_param_the_hour_is_sized_by_the_traffic_the_replicas_served(served, dagbag):
+    run, fleet = served
+    first = fleet.decision
+    assert first["demand"]["override"] == 300.0 and first["request"]["tokens_per_s"] == 300.0
+    with Load(fleet.router().url, clients=2) as load:
+        phase(load, 2.0)
+    assert not load.failures()
+    again = dagbag.get_dag("inference_placement").test(run_conf={**CONF, "tokens_per_s": None})
+    assert again.state == "success", [(t.task_id, t.state) for t in again.get_task_instances()]
+    demand, measured = fleet.decision["demand"], Demand(open_store(load_federation().local_cloud, TENANT), TENANT,
+                                                        MODEL).history()
+    assert demand["override"] is None and demand["method"] == "last hour measured", demand
+    assert measured and fleet.decision["request"]["tokens_per_s"] == pytest.approx(demand["forecast_tokens_per_s"])
+    assert demand["forecast_tokens_per_s"] > 0  # the tests' requests, read from the replicas' own counters

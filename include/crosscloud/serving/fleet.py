@@ -177,6 +177,17 @@ class Fleet:
             out.setdefault(r.cloud, []).append({"replica": r.server, "status": body.get("status"), **body.get("served", {})})
         return out
 
+    def token_counts(self) -> dict[str, int]:
+        """Tokens each running replica answered since it started, by replica and start (a restart is a new one)."""
+        out = {}
+        for r in self.replicas():
+            try:
+                out[f"{r.server}@{r.handle.get('started_at', 0)}"] = int(
+                    httpx.get(f"{r.handle['url']}/health", timeout=2).json()["served"]["tokens"])
+            except (httpx.HTTPError, ValueError, KeyError):
+                continue  # unreachable now: its tokens count at the next reading that reaches it
+        return out
+
     def stop(self) -> list[str]:
         """Stop every replica (each finishes its in-flight requests) and the router."""
         router = self.router()

@@ -42,8 +42,12 @@ def log_decision(record: dict, reason: str, tracker: Tracker | None = None) -> s
                               "min_share": req["min_share"], "users_near": req["users_near"],
                               "jurisdictions": ",".join(req["jurisdictions"]) or "anywhere",
                               "clouds": ",".join(o["name"] for o in record["offers"])})
+    demand = record.get("demand") or {}  # how the hour's tokens/s was found (decisions before it have none)
+    if demand:
+        tracker.log_params(rid, {"demand": "tokens_per_s Param" if demand["override"] is not None else demand["method"]})
     metrics = {"cost_usd_per_hour": record["cost_usd_per_hour"], "unserved_tps": record["unserved_tps"],
-               "latency_goal_met": float(record["latency_goal_met"])}
+               "latency_goal_met": float(record["latency_goal_met"]),
+               **({"demand_forecast_mape": demand["mape"]} if demand.get("mape") is not None else {})}
     for cloud, share in record["shares"].items():
         metrics.update({f"share.{cloud}": share, f"replicas.{cloud}": record["replicas"].get(cloud, 0),
                         f"usd_per_1k_tokens.{cloud}": record["usd_per_1k_tokens"].get(cloud, 0.0)})
