@@ -173,7 +173,8 @@ def record(decision: dict) -> str:
         "jurisdictions": Param([], type="array", items={"type": "string"},
                                description="Where the tenant's requests may be served (empty: anywhere)."),
         "tokenizer": Param("", type="string", description="hf-causal-lm models: the tokenizer.json its prepare.py "
-                           "wrote, a path on the hosts (empty for byte-lm)."),
+                           "wrote, a path on the Airflow host, published as an artifact that is preheated and "
+                           "warm-checked with the weights (empty for byte-lm)."),
         "router_port": Param(0, type="integer", minimum=0, maximum=65535,
                              description="Port of the router when it is first started (0: a free one)."),
     },

@@ -112,3 +112,24 @@ def test_the_vllm_deployment_is_a_valid_manifest_on_the_pools_accelerator():
     configmap = federation_configmap(spec, wuhan, DEFAULT_FEDERATION.with_name("federation.remote.yaml").read_text())
     kubernetes_validate.validate(configmap, K8S_VERSION, strict=True)
     assert {"name": "federation", "configMap": {"name": configmap["metadata"]["name"]}} in pod["volumes"]
+
+
+def test_the_tokenizer_is_published_as_an_artifact_that_a_replica_reads_only_where_it_is_warm(tmp_path):
+    from crosscloud.artifacts.preheat import TransferReport, fetch
+    from crosscloud.serving.placement import ServingPlacementError, needed, tokenizer_artifact
+    from crosscloud.serving.server import tokenizer_file
+
+    home, other = LocalStore(tmp_path / "home", "beijing"), LocalStore(tmp_path / "other", "shanghai")
+    file = tmp_path / "tokenizer.json"
+    file.write_text('{"model": {"type": "BPE"}}')
+    named = tokenizer_artifact(home, "team-a", str(file))
+    assert named == BlobRef.of(file.read_bytes()).text and tokenizer_artifact(home, "team-a", named) == named
+    spec = ServeSpec(tenant="team-a", name="m", model="ab" * 32 + ":1000", program="p.py", tokenizer=named)
+    assert BlobRef.parse(named) in needed(spec)  # preheated and warm-checked with the weights
+    with pytest.raises(NotWarm, match="tokenizer .* is not warm|no artifact"):
+        tokenizer_file(other, "team-a", named)
+    fetch(other, [home], "team-a", BlobRef.parse(named), TransferReport())
+    assert Path(tokenizer_file(other, "team-a", named)).read_bytes() == file.read_bytes()
+    assert tokenizer_file(other, "team-a", "/legacy/tokenizer.json") == "/legacy/tokenizer.json"  # specs from before
+    with pytest.raises(ServingPlacementError, match="cannot read it here"):
+        tokenizer_artifact(home, "team-a", str(tmp_path / "missing.json"))

@@ -25,7 +25,8 @@ from crosscloud.serving.energy import ServedModel
 from crosscloud.serving.offers import RequestMix, federation_offers, offer_from_dict, offer_to_dict
 from crosscloud.serving.replica import ServeSpec
 from crosscloud.serving.traffic import CloudOffer, Goal, GridCut, TrafficPlan, place_traffic
-from crosscloud.store.chunks import BlobRef, put_blob, warmth
+from crosscloud.store.base import ObjectStore
+from crosscloud.store.chunks import BLOB_TEXT, BlobRef, put_blob, warmth
 from crosscloud.store.network import nearest_first
 from crosscloud.store.open_store import open_store
 
@@ -109,12 +110,26 @@ def publish(fed: Federation, version: Version, served_name: str, tokenizer: str 
                                     "tokenizer.json (the DAG's Param tokenizer)")
     home = open_store(fed.cloud(plan.coordinator_cloud), plan.tenant)
     ref, _ = put_blob(home, plan.tenant, version.weights, kind="model")
-    return ServeSpec.from_plan(plan, served_name, ref, tokenizer)
+    return ServeSpec.from_plan(plan, served_name, ref, tokenizer_artifact(home, plan.tenant, tokenizer))
+
+
+def tokenizer_artifact(home: ObjectStore, tenant: str, tokenizer: str | None) -> str | None:
+    """The tokenizer file put in the home store by content (sha256:size): preheated and warm-checked with the
+    weights, so every cloud's replica decodes with the same file; an artifact already named by content is kept."""
+    if not tokenizer or BLOB_TEXT.fullmatch(tokenizer):
+        return tokenizer
+    try:
+        data = Path(tokenizer).read_bytes()
+    except OSError as exc:
+        raise ServingPlacementError(f"tokenizer {tokenizer}: cannot read it here ({exc.strerror}); give the path of "
+                                    "prepare.py's tokenizer.json on this host") from None
+    return put_blob(home, tenant, data, kind="tokenizer")[0].text
 
 
 def needed(spec: ServeSpec) -> list[BlobRef]:
-    """What a replica reads at start: the weights and the program's code."""
+    """What a replica reads at start: the weights, the program's code and the tokenizer, each an artifact."""
     refs = [spec.model] + ([spec.program_code] if spec.program_code else [])
+    refs += [spec.tokenizer] if spec.tokenizer and BLOB_TEXT.fullmatch(spec.tokenizer) else []
     return [BlobRef.parse(r) for r in refs]
 
 
@@ -140,11 +155,11 @@ def local_step_s(fed: Federation, spec: ServeSpec, weights: bytes, mix: RequestM
     """
     import torch
 
-    from crosscloud.serving.server import build_engine, program_file
+    from crosscloud.serving.server import build_engine, program_file, tokenizer_file
 
     store = open_store(fed.local_cloud, spec.tenant)
     engine = build_engine(program_file(store, spec.tenant, spec.program, spec.program_code), spec.args, weights,
-                          spec.tokenizer)
+                          tokenizer_file(store, spec.tenant, spec.tokenizer))
     prompt, tokens = "x" * int(mix.context_mean), max(1, int(mix.generated_mean))
     threads = torch.get_num_threads()
     torch.set_num_threads(1)

@@ -41,7 +41,7 @@ from crosscloud.core.federation import load_federation
 from crosscloud.core.keys import manifest_key
 from crosscloud.serving.meter import Meter
 from crosscloud.store.base import ObjectNotFound, ObjectStore
-from crosscloud.store.chunks import BlobRef, read_blob, warmth
+from crosscloud.store.chunks import BLOB_TEXT, BlobRef, read_blob, warmth
 from crosscloud.store.open_store import open_store
 from crosscloud.store.tensors import from_bytes
 from crosscloud.training.program import ProgramError, load_program, local_file, program_family, program_source
@@ -79,6 +79,16 @@ def warm_bytes(store: ObjectStore, tenant: str, ref: BlobRef, what: str = "model
         raise NotWarm(f"cloud {store.cloud}: {what} {ref.sha256[:12]} is not warm here ({missing}); preheat it "
                       f"(crosscloud.artifacts.preheat.fetch) before starting a replica on {store.cloud}")
     return read_blob(store, tenant, ref)
+
+
+def tokenizer_file(store: ObjectStore, tenant: str, tokenizer: str | None) -> str | None:
+    """The tokenizer's file: the artifact ``tokenizer`` names (sha256:size), warm on this cloud like the weights, so
+    the replica decodes with the very file that was published; a path is used as given (specs from before)."""
+    if not tokenizer or not BLOB_TEXT.fullmatch(tokenizer):
+        return tokenizer
+    ref = artifact_ref(store, tenant, tokenizer, "tokenizer")
+    warm_bytes(store, tenant, ref, "tokenizer")
+    return str(local_file(store, tenant, ref, "tokenizer.json"))
 
 
 def program_file(store: ObjectStore, tenant: str, program: str, code: str | None) -> str:
@@ -340,7 +350,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--program-code", help="the program's code blob as the run stored it (sha256[:size]); must be warm "
                    "here too. --program then only names its file")
     p.add_argument("--args", default="{}", help="the program's run.args as JSON (seed, model_size, size...)")
-    p.add_argument("--tokenizer", help="hf-causal-lm: prepare.py's tokenizer.json")
+    p.add_argument("--tokenizer", help="hf-causal-lm: prepare.py's tokenizer.json, as an artifact (sha256[:size], warm "
+                   "here like the weights) or a file")
     p.add_argument("--name", help="the model's name in responses (default: the artifact's sha256 prefix)")
     p.add_argument("--federation", help="federation file (default: $CROSSCLOUD_FEDERATION, else the embedded one)")
     p.add_argument("--host", default="127.0.0.1")
@@ -362,6 +373,7 @@ def main(argv: list[str] | None = None) -> int:
         ref = artifact_ref(store, opts.tenant, opts.model)
         weights = warm_bytes(store, opts.tenant, ref)
         program = program_file(store, opts.tenant, opts.program, opts.program_code)
+        opts.tokenizer = tokenizer_file(store, opts.tenant, opts.tokenizer)
     except NotWarm as exc:
         print(f"crosscloud serve: refused to start: {exc}", file=sys.stderr)
         return 3

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 import struct
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
@@ -27,6 +28,8 @@ from pydantic import BaseModel, ConfigDict
 
 from crosscloud.core.keys import manifest_key
 from crosscloud.store.base import ObjectNotFound, ObjectStore
+
+BLOB_TEXT = re.compile(r"[0-9a-f]{64}:[0-9]+")  # an artifact named by content, as ``BlobRef.text`` writes it
 from crosscloud.store.digest import IntegrityError, sha256
 
 MIN_CHUNK, AVG_CHUNK, MAX_CHUNK = 16 << 10, 64 << 10, 256 << 10
