@@ -34,6 +34,7 @@ without the request.
 
 from __future__ import annotations
 
+import asyncio
 import os
 import sys
 import tempfile
@@ -52,8 +53,8 @@ from crosscloud.core.keys import RunKeys
 from crosscloud.core.paths import state_dir
 from crosscloud.run.plan import Plan
 from crosscloud.serving.fleet import free_port
-from crosscloud.serving.replica import ServeSpec, bring_up, stop
-from crosscloud.serving.router import Router
+from crosscloud.serving.replica import ServeSpec, bring_up, replica_arg, start, stop, wait_ready
+from crosscloud.serving.router import Endpoint, Router
 from crosscloud.serving.server import CLOUD_HEADER
 from crosscloud.serving.traffic import power_w
 from crosscloud.store.chunks import put_blob
@@ -75,6 +76,8 @@ def add_arguments(p) -> None:
     p.add_argument("--live-seconds-per-hour", type=float, default=5.0)
     p.add_argument("--live-rps", type=float, default=20.0, help="requests per second sent through the router")
     p.add_argument("--live-max-tokens", type=int, default=8)
+    p.add_argument("--no-live-distance", action="store_true",
+                   help="live requests reach every replica at once, not through its cloud's round trip from the users")
 
 
 def newest_trained_model() -> tuple[bytes, dict, str] | None:
@@ -123,6 +126,57 @@ def write_federation(folder: Path, clouds: list) -> Path:
     return path
 
 
+class DelayLink:
+    """An emulated network path to one replica: a TCP forwarder on 127.0.0.1 that delivers every chunk, each way,
+    ``one_way_s`` after it arrived (a constant delay, as netem adds; throughput is not limited). The router reaches
+    the cloud's replica through it, so a live request pays the cloud's round trip from the users."""
+
+    def __init__(self, target_port: int, rtt_ms: float):
+        self.target, self.one_way_s = target_port, rtt_ms / 2000.0
+        self.loop = asyncio.new_event_loop()
+        ready = threading.Event()
+        threading.Thread(target=self._serve, args=(ready,), daemon=True).start()
+        ready.wait(10)
+
+    def _serve(self, ready: threading.Event) -> None:
+        asyncio.set_event_loop(self.loop)
+        self.server = self.loop.run_until_complete(asyncio.start_server(self._connection, "127.0.0.1", 0))
+        self.port = self.server.sockets[0].getsockname()[1]
+        ready.set()
+        self.loop.run_forever()
+
+    async def _connection(self, reader, writer) -> None:
+        try:
+            up_reader, up_writer = await asyncio.open_connection("127.0.0.1", self.target)
+        except OSError:
+            writer.close()
+            return
+        await asyncio.gather(self._pump(reader, up_writer), self._pump(up_reader, writer), return_exceptions=True)
+
+    async def _pump(self, reader, writer) -> None:
+        """Copy one direction, each chunk written ``one_way_s`` after it was read, in order."""
+        chunks: asyncio.Queue = asyncio.Queue()
+
+        async def deliver() -> None:
+            while (item := await chunks.get()) is not None:
+                await asyncio.sleep(max(0.0, item[0] + self.one_way_s - self.loop.time()))
+                writer.write(item[1])
+                await writer.drain()
+            writer.close()
+
+        sender = self.loop.create_task(deliver())
+        try:
+            while data := await reader.read(65536):
+                chunks.put_nowait((self.loop.time(), data))
+        finally:
+            chunks.put_nowait(None)
+            await sender
+
+    def close(self) -> None:
+        self.loop.call_soon_threadsafe(self.server.close)
+        self.loop.call_soon_threadsafe(self.loop.stop)
+
+
 @dataclass
 class Live:
     """The live clouds, their stores, the router and the replicas: everything ``stop`` ends."""
@@ -137,23 +191,37 @@ class Live:
     ref: object = None
     weights: dict = field(default_factory=dict)  # the hour's weights: a replica brought up mid-hour gets them
     added_s: float = float("nan")  # seconds from the start of preheating the added cloud until it had its share
+    rtt_ms: dict = field(default_factory=dict)  # per cloud, the emulated round trip from the users (none: 0)
+    links: dict = field(default_factory=dict)
 
     def preheat(self, cloud: str) -> None:
         fetch(self.stores[cloud], [self.stores[self.names[0]]], TENANT, self.ref, self.report)
 
     def up(self, cloud: str) -> None:
-        if cloud not in self.handles:
-            self.preheat(cloud)
+        """Preheat, start the replica, and put it behind the router through its cloud's emulated link (if any)."""
+        if cloud in self.handles:
+            return
+        self.preheat(cloud)
+        if not self.rtt_ms.get(cloud):
             self.handles[cloud] = bring_up(self.router, self.spec, cloud)
+            return
+        handle = self.handles[cloud] = start(self.spec, load_federation(self.spec.federation).cloud(cloud))
+        wait_ready(handle, 90)
+        link = self.links[cloud] = DelayLink(int(replica_arg(handle, "--port")), self.rtt_ms[cloud])
+        self.router.add(Endpoint(cloud, 0, "127.0.0.1", link.port))
+        self.router.wait_healthy(f"{cloud}-0", 90)
 
     def stop(self) -> None:
         for handle in self.handles.values():
             stop(handle, grace_s=5)
         self.router.stop(grace_s=5)
+        for link in self.links.values():
+            link.close()
 
 
-def set_up(folder: Path, clouds: list) -> tuple[Live, str]:
-    """Stores, the model in the first cloud's, preheated to the second, a router, replicas on the two warm clouds."""
+def set_up(folder: Path, clouds: list, distance: bool = True) -> tuple[Live, str]:
+    """Stores, the model in the first cloud's, preheated to the second, a router, replicas on the two warm clouds;
+    with ``distance``, each cloud reached through its round trip from the users (``rtt_ms``)."""
     fed_path = write_federation(folder, clouds)
     fed = load_federation(fed_path)
     weights, args, source = model_weights()
@@ -162,7 +230,8 @@ def set_up(folder: Path, clouds: list) -> tuple[Live, str]:
     ref, _ = put_blob(stores[names[0]], TENANT, weights, kind="model")
     spec = ServeSpec(tenant=TENANT, name="bench-live", model=ref.text, program=PROGRAM, args=args,
                      federation=str(fed_path))
-    live = Live(folder, names, spec, stores, Router(folder / "router", free_port(), check_ms=200), ref=ref)
+    live = Live(folder, names, spec, stores, Router(folder / "router", free_port(), check_ms=200), ref=ref,
+                rtt_ms={c.name: c.rtt_ms for c in clouds} if distance else {})
     return live, source
 
 
@@ -320,7 +389,7 @@ def live_figures(sc, runs: dict, cut, args) -> dict:
     with tempfile.TemporaryDirectory(prefix="crosscloud-live-") as tmp:
         folder, live = Path(tmp), None
         try:
-            live, source = set_up(folder, clouds)
+            live, source = set_up(folder, clouds, not args.no_live_distance)
             os.environ.update(CROSSCLOUD_STATE_DIR=str(folder), CROSSCLOUD_FEDERATION=live.spec.federation)
             out = serve_slice(live, sc, runs, plan, args)
         finally:
@@ -346,7 +415,9 @@ def describe(out: dict, live: Live, source: str, plan) -> str:
            f"{mine['planned_share']:.3f}, answered {mine['during']:.3f} once the requests in flight finished "
            f"({mine['time_to_shed_s']:.2f} s), draw {mine['before_w'] / 1000:.2f} -> {mine['after_w'] / 1000:.2f} kW "
            f"(modelled {mine['modelled_pct']:.1f}%, measured split {mine['shed_pct']:.1f}%)") if "shed_pct" in mine else ""
-    return (f"LIVE on 127.0.0.1: replay hours {hours[0]}..{hours[-1]} on {', '.join(live.names)} (grid request on "
+    rtt = (", each through its round trip from the users (" + ", ".join(f"{c} {live.rtt_ms[c]:g} ms" for c in live.names)
+           + ")") if live.rtt_ms else ", no network distance"
+    return (f"LIVE on 127.0.0.1{rtt}: replay hours {hours[0]}..{hours[-1]} on {', '.join(live.names)} (grid request on "
             f"{live.names[0]} at slice hour {grid[0] if grid else '-'}, {live.names[2]} preheated and added at hour 1 in "
             f"{live.added_s:.1f} s); answered by cloud {out['answered']}; model: "
             f"{source}; {sum(live.report.sent_bytes.values())} bytes preheated {dict(live.report.sent_bytes)}; {pol}"
