@@ -55,7 +55,8 @@ import numpy as np
 from crosscloud.core.paths import data_dir
 from crosscloud.energy.prices import UTC, CsvFeed, PriceOracle, hour_index
 from crosscloud.serving.energy import ServedModel, token_rates
-from crosscloud.serving.offline import (Scenario, TimedCut, crosscloud, evaluate, expected_demand, nearest, optimum,
+from crosscloud.serving.offline import (Scenario, TimedCut, crosscloud, evaluate, expected_demand, forecast_mape,
+                                       nearest, optimum,
                                        price_unaware)
 from crosscloud.serving.replica import ReplicaError
 from crosscloud.serving.replay import build_replay, daily_profile, read_azure_trace, read_clouds
@@ -246,8 +247,12 @@ def main(argv=None) -> int:
     print(f"crosscloud vs nearest cloud: {100 * (1 - mine.usd_per_mtoken / out['nearest'].usd_per_mtoken):.1f} % "
           f"cheaper per token, p99 ratio {mine.p99_s / out['nearest'].p99_s:.3f}")
     print(f"wall time {time.time() - t_start:.1f} s")
+    mape = forecast_mape(sc.demand)
+    print(f"demand forecast (production's seasonal naive, as crosscloud planned each hour): mean absolute error "
+          f"{100 * mape:.1f} % of the hour's demand" if mape is not None else "demand forecast: too few hours to score")
     figures = {"cost_per_token_reduction_pct": reduction, "fraction_of_optimal": frac,
-               "p99_latency_ratio": modelled_ratio, **live}
+               "p99_latency_ratio": modelled_ratio, **live,
+               "forecast_mape": float("nan") if mape is None else mape}
     if not args.no_mlflow:
         print(f"MLflow: run {record(args, sc, runs, out, figures)} of the experiment {BENCH_EXPERIMENT}")
     print(last_line(figures))
@@ -266,7 +271,7 @@ def record(args, sc: Scenario, runs: list, out: dict, figures: dict) -> str:
 def last_line(figures: dict) -> str:
     """The benchmark's one machine-readable line."""
     fmt = {"cost_per_token_reduction_pct": ".1f", "fraction_of_optimal": ".3f", "p99_latency_ratio": ".3f",
-           "failed_requests": "d", "time_to_shed_s": ".1f", "shed_pct": ".1f"}
+           "failed_requests": "d", "time_to_shed_s": ".1f", "shed_pct": ".1f", "forecast_mape": ".3f"}
     return " ".join(f"{k}={figures[k]:{f}}" for k, f in fmt.items())
 
 

@@ -29,15 +29,18 @@ def test_the_tokens_between_two_readings_are_spread_over_the_hours_they_cover(de
     assert demand.history()[480_002] == pytest.approx(720 / (0.5 * H))
 
 
-def test_the_forecast_is_the_same_hour_a_day_before_else_the_last_hour_with_its_error():
+def test_the_forecast_is_the_same_hour_a_day_before_else_the_last_hour_and_its_rise_with_its_error():
     assert seasonal_naive({}, 100).tokens_per_s is None
-    last = seasonal_naive({97: 10.0, 98: 30.0}, 100)
-    assert (last.tokens_per_s, last.method) == (30.0, "last hour measured")
-    assert last.mape == pytest.approx(20 / 30)  # scored on hour 98 alone, predicted by hour 97
+    rising = seasonal_naive({97: 10.0, 98: 30.0}, 100)
+    assert (rising.tokens_per_s, rising.method) == (90.0, "last hour measured")  # 30, risen threefold: sized ahead
+    assert rising.mape == pytest.approx(20 / 30)  # scored on hour 98 alone, predicted by hour 97
+    assert seasonal_naive({97: 30.0, 98: 10.0}, 100).tokens_per_s == 10.0  # a fall is not extrapolated
     day = {h: 10.0 + (h % 24) for h in range(48)}  # the same daily shape twice
     got = seasonal_naive(day, 50)
     assert (got.tokens_per_s, got.method) == (day[26], "same hour a day before")
-    assert got.mape == pytest.approx(sum(abs(day[h - 1] - day[h]) / day[h] for h in range(1, 24)) / 47, rel=1e-9)
+    first_day = [abs(day[0] - day[1]) / day[1]] + [abs(day[h - 1] * day[h - 1] / day[h - 2] - day[h]) / day[h]
+                                                   for h in range(2, 24)]
+    assert got.mape == pytest.approx(sum(first_day) / 47, rel=1e-9)  # the second day is exact
 
 
 def test_the_param_overrides_the_forecast_and_no_history_sizes_for_the_first_hours(demand):

@@ -93,16 +93,23 @@ def _hours(t0: float, t1: float) -> list[tuple[int, float]]:
 
 
 def _predict(history: dict[int, float], hour: int, before: int) -> tuple[float, str] | None:
-    """The rule for ``hour`` from the hours measured before ``before``."""
+    """The rule for ``hour`` from the hours measured before ``before``: the same hour a day before, else the last
+    hour measured, raised by its rise over the hour before it (never lowered: replicas are sized ahead of a rising
+    demand, and a falling one only leaves some idle)."""
     if hour - DAY_H in history:
         return history[hour - DAY_H], "same hour a day before"
-    earlier = [h for h in history if h < before]
-    return (history[max(earlier)], "last hour measured") if earlier else None
+    last = max((h for h in history if h < before), default=None)
+    if last is None:
+        return None
+    prior = history.get(last - 1)
+    rise = history[last] / prior if prior else 1.0
+    return history[last] * max(1.0, rise), "last hour measured"
 
 
 def seasonal_naive(history: dict[int, float], hour: int) -> Forecast:
-    """The same hour a day before where measured, else the last hour measured (this one, if it has begun: a run
-    started within the hour plans the rest of it); its error over the history, each hour from the ones before it."""
+    """The same hour a day before where measured, else the last hour measured and its rise (this one, if it has
+    begun: a run started within the hour plans the rest of it); its error over the history, each hour from the
+    ones before it."""
     got = _predict(history, hour, hour + 1)
     if got is None:
         return Forecast(None, "no history", None, len(history))

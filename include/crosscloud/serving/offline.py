@@ -29,6 +29,7 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
+from crosscloud.serving.demand import DAY_H, seasonal_naive
 from crosscloud.serving.energy import ServedModel, TokenRates, electricity_usd, price_per_token
 from crosscloud.serving.replay import Replay, ReplayCloud
 from crosscloud.serving.traffic import (CloudOffer, Goal, GridCut, TrafficPlan, bounds, erlang_c, fill_cheapest,
@@ -104,12 +105,15 @@ def _goal(sc: Scenario, demand: float) -> Goal:
 
 
 def expected_demand(demand: np.ndarray, h: int) -> float:
-    """Demand of hour ``h`` as known before it: the same hour a day before, else the last hour and its trend."""
-    if h >= 24:
-        return float(demand[h - 24])
-    if h >= 2:
-        return float(demand[h - 1] * max(1.0, demand[h - 1] / max(demand[h - 2], 1e-12)))
-    return float(demand[max(h - 1, 0)])
+    """Demand of hour ``h`` as the production forecast knows it before the hour (``demand.seasonal_naive`` over the
+    hours served before it); the first hour, with nothing served yet, is given as the DAG's Param would give it."""
+    got = seasonal_naive({i: float(demand[i]) for i in range(max(0, h - DAY_H), h)}, h).tokens_per_s
+    return float(demand[0]) if got is None else got
+
+
+def forecast_mape(demand: np.ndarray) -> float | None:
+    """The production forecast's mean absolute percentage error over the replay, each hour from the ones before."""
+    return seasonal_naive({i: float(d) for i, d in enumerate(demand)}, len(demand)).mape
 
 
 def crosscloud(sc: Scenario) -> PolicyRun:
