@@ -251,7 +251,7 @@ def main(argv=None) -> int:
     print(f"demand forecast (production's seasonal naive, as crosscloud planned each hour): mean absolute error "
           f"{100 * mape:.1f} % of the hour's demand" if mape is not None else "demand forecast: too few hours to score")
     figures = {"cost_per_token_reduction_pct": reduction, "fraction_of_optimal": frac,
-               "p99_latency_ratio": modelled_ratio, **live,
+               "p99_latency_ratio": modelled_ratio, "remote_replicas": 0, **live,
                "forecast_mape": float("nan") if mape is None else mape}
     if not args.no_mlflow:
         print(f"MLflow: run {record(args, sc, runs, out, figures)} of the experiment {BENCH_EXPERIMENT}")
@@ -271,7 +271,8 @@ def record(args, sc: Scenario, runs: list, out: dict, figures: dict) -> str:
 def last_line(figures: dict) -> str:
     """The benchmark's one machine-readable line."""
     fmt = {"cost_per_token_reduction_pct": ".1f", "fraction_of_optimal": ".3f", "p99_latency_ratio": ".3f",
-           "failed_requests": "d", "time_to_shed_s": ".1f", "shed_pct": ".1f", "forecast_mape": ".3f"}
+           "failed_requests": "d", "time_to_shed_s": ".1f", "shed_pct": ".1f", "forecast_mape": ".3f",
+           "remote_replicas": "d"}
     return " ".join(f"{k}={figures[k]:{f}}" for k, f in fmt.items())
 
 

@@ -76,6 +76,8 @@ def add_arguments(p) -> None:
     p.add_argument("--live-seconds-per-hour", type=float, default=5.0)
     p.add_argument("--live-rps", type=float, default=20.0, help="requests per second sent through the router")
     p.add_argument("--live-max-tokens", type=int, default=8)
+    p.add_argument("--no-live-ssh", action="store_true",
+                   help="serve every live cloud locally, none through a replica started over SSH")
     p.add_argument("--no-live-distance", action="store_true",
                    help="live requests reach every replica at once, not through its cloud's round trip from the users")
 
@@ -109,12 +111,37 @@ def model_weights() -> tuple[bytes, dict, str]:
     return weights, TINY, "a freshly built tiny byte_lm (random weights: no trained byte_lm run in the state folder)"
 
 
-def write_federation(folder: Path, clouds: list) -> Path:
-    """A federation of three local clouds named and placed as the replay's, each with a file store in ``folder``."""
+def ssh_host(folder: Path):
+    """A throwaway sshd on 127.0.0.1 (the tests' ``SSHServer``, key authentication as this user) standing for a
+    bare-metal cloud's host; (None, why) where it cannot start (no openssh-server here)."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+    import pytest
+    from sshserver import SSHServer
+
+    server = SSHServer(folder / "sshd")
+    try:
+        server.start()
+    except (Exception, pytest.skip.Exception, pytest.fail.Exception) as exc:  # how the tests' helper says why
+        return None, f"{type(exc).__name__}: {exc}"
+    return server, ""
+
+
+def ssh_access(server, folder: Path) -> tuple[dict, dict]:
+    """The access section of a cloud reached over SSH through ``server``, and the key settings it needs."""
+    access = {"method": "ssh", "host": "127.0.0.1", "port": server.port, "user": server.user,
+              "workdir": str(folder / "host"), "python": sys.executable,
+              "env": {"CROSSCLOUD_STATE_DIR": str(folder), "OMP_NUM_THREADS": "1"}}
+    return access, {"KEY_FILE": str(server.key_file), "KNOWN_HOSTS": str(server.known_hosts)}
+
+
+def write_federation(folder: Path, clouds: list, access: dict | None = None) -> Path:
+    """A federation of three clouds named and placed as the replay's, each with a file store in ``folder``: local
+    ones, but for the clouds ``access`` reaches otherwise (over SSH)."""
     raw = yaml.safe_load(DEFAULT_FEDERATION.read_text())
     template = raw["clouds"][0]
     raw["clouds"] = [{**template, "name": c.name, "role": "local" if i == 0 else "collaboration",
-                      "jurisdiction": c.jurisdiction, "store": {"url": f"file://{folder / 'clouds' / c.name}"}}
+                      "jurisdiction": c.jurisdiction, "store": {"url": f"file://{folder / 'clouds' / c.name}"},
+                      **({"access": access[c.name]} if c.name in (access or {}) else {})}
                      for i, c in enumerate(clouds)]
     raw["jurisdictions"] = {c.jurisdiction: {"exports": ["checkpoints", "pseudo_gradients", "data"]} for c in clouds}
     raw["links"] = [{"a": a.name, "b": b.name, "bandwidth_mbps": 1000, "latency_ms": 10}
@@ -131,8 +158,8 @@ class DelayLink:
     ``one_way_s`` after it arrived (a constant delay, as netem adds; throughput is not limited). The router reaches
     the cloud's replica through it, so a live request pays the cloud's round trip from the users."""
 
-    def __init__(self, target_port: int, rtt_ms: float):
-        self.target, self.one_way_s = target_port, rtt_ms / 2000.0
+    def __init__(self, host: str, port: int, rtt_ms: float):
+        self.target, self.one_way_s = (host, port), rtt_ms / 2000.0
         self.loop = asyncio.new_event_loop()
         ready = threading.Event()
         threading.Thread(target=self._serve, args=(ready,), daemon=True).start()
@@ -147,7 +174,7 @@ class DelayLink:
 
     async def _connection(self, reader, writer) -> None:
         try:
-            up_reader, up_writer = await asyncio.open_connection("127.0.0.1", self.target)
+            up_reader, up_writer = await asyncio.open_connection(*self.target)
         except OSError:
             writer.close()
             return
@@ -193,6 +220,8 @@ class Live:
     added_s: float = float("nan")  # seconds from the start of preheating the added cloud until it had its share
     rtt_ms: dict = field(default_factory=dict)  # per cloud, the emulated round trip from the users (none: 0)
     links: dict = field(default_factory=dict)
+    started: list = field(default_factory=list)  # the handle of every replica started, local and remote
+    no_ssh: str = ""  # why no cloud was reached over SSH, if none was
 
     def preheat(self, cloud: str) -> None:
         fetch(self.stores[cloud], [self.stores[self.names[0]]], TENANT, self.ref, self.report)
@@ -204,10 +233,13 @@ class Live:
         self.preheat(cloud)
         if not self.rtt_ms.get(cloud):
             self.handles[cloud] = bring_up(self.router, self.spec, cloud)
+            self.started.append(self.handles[cloud])
             return
         handle = self.handles[cloud] = start(self.spec, load_federation(self.spec.federation).cloud(cloud))
+        self.started.append(handle)
         wait_ready(handle, 90)
-        link = self.links[cloud] = DelayLink(int(replica_arg(handle, "--port")), self.rtt_ms[cloud])
+        link = self.links[cloud] = DelayLink(replica_arg(handle, "--host"), int(replica_arg(handle, "--port")),
+                                             self.rtt_ms[cloud])
         self.router.add(Endpoint(cloud, 0, "127.0.0.1", link.port))
         self.router.wait_healthy(f"{cloud}-0", 90)
 
@@ -219,10 +251,11 @@ class Live:
             link.close()
 
 
-def set_up(folder: Path, clouds: list, distance: bool = True) -> tuple[Live, str]:
+def set_up(folder: Path, clouds: list, distance: bool = True, access: dict | None = None) -> tuple[Live, str]:
     """Stores, the model in the first cloud's, preheated to the second, a router, replicas on the two warm clouds;
-    with ``distance``, each cloud reached through its round trip from the users (``rtt_ms``)."""
-    fed_path = write_federation(folder, clouds)
+    with ``distance``, each cloud reached through its round trip from the users (``rtt_ms``); ``access``: the
+    clouds reached otherwise than locally (over SSH)."""
+    fed_path = write_federation(folder, clouds, access)
     fed = load_federation(fed_path)
     weights, args, source = model_weights()
     stores = {c.name: open_store(fed.cloud(c.name), TENANT) for c in clouds}
@@ -385,16 +418,26 @@ def live_figures(sc, runs: dict, cut, args) -> dict:
     """The live figures (module docstring), in ``last_line``'s keys plus the details; every process stopped after."""
     plan = choose(sc, runs, cut, args.live_hours)
     clouds = [sc.clouds[i] for i in plan[1]]
-    saved = {k: os.environ.get(k) for k in ("CROSSCLOUD_STATE_DIR", "CROSSCLOUD_FEDERATION")}
+    remote = clouds[1].name  # the second warm cloud is a bare-metal host reached over SSH
+    prefix = "CROSSCLOUD_" + "".join(ch if ch.isalnum() else "_" for ch in remote).upper() + "_SSH_"
+    saved = {k: os.environ.get(k) for k in ("CROSSCLOUD_STATE_DIR", "CROSSCLOUD_FEDERATION", prefix + "KEY_FILE",
+                                            prefix + "KNOWN_HOSTS")}
     with tempfile.TemporaryDirectory(prefix="crosscloud-live-") as tmp:
-        folder, live = Path(tmp), None
+        folder, live, sshd, why = Path(tmp), None, None, "--no-live-ssh"
         try:
-            live, source = set_up(folder, clouds, not args.no_live_distance)
+            if not args.no_live_ssh:
+                sshd, why = ssh_host(folder)
+            access, keys = ssh_access(sshd, folder) if sshd else (None, {})
+            os.environ.update({prefix + k: v for k, v in keys.items()})
+            live, source = set_up(folder, clouds, not args.no_live_distance, {remote: access} if access else None)
+            live.no_ssh = why
             os.environ.update(CROSSCLOUD_STATE_DIR=str(folder), CROSSCLOUD_FEDERATION=live.spec.federation)
             out = serve_slice(live, sc, runs, plan, args)
         finally:
             if live is not None:
                 live.stop()
+            if sshd is not None:
+                sshd.stop()
             for k, v in saved.items():
                 os.environ.pop(k, None) if v is None else os.environ.__setitem__(k, v)
     base, mine = out["price-unaware"], out["crosscloud"]
@@ -403,6 +446,7 @@ def live_figures(sc, runs: dict, cut, args) -> dict:
     return {"failed_requests": out["failed_requests"], "time_to_shed_s": mine.get("time_to_shed_s", 0.0),
             "shed_pct": mine.get("shed_pct", 0.0), "p99_latency_ratio": mine["p99_ms"] / base["p99_ms"],
             "bytes_moved": sum(live.report.sent_bytes.values()), "details": out, "model": source,
+            "remote_replicas": sum(h["backend"] == "ssh" for h in live.started),
             "clouds": live.names, "hours": plan[0], "source": describe(out, live, source, plan)}
 
 
@@ -415,8 +459,11 @@ def describe(out: dict, live: Live, source: str, plan) -> str:
            f"{mine['planned_share']:.3f}, answered {mine['during']:.3f} once the requests in flight finished "
            f"({mine['time_to_shed_s']:.2f} s), draw {mine['before_w'] / 1000:.2f} -> {mine['after_w'] / 1000:.2f} kW "
            f"(modelled {mine['modelled_pct']:.1f}%, measured split {mine['shed_pct']:.1f}%)") if "shed_pct" in mine else ""
-    rtt = (", each through its round trip from the users (" + ", ".join(f"{c} {live.rtt_ms[c]:g} ms" for c in live.names)
-           + ")") if live.rtt_ms else ", no network distance"
+    remote = [h["cloud"] for h in live.started if h["backend"] == "ssh"]
+    ssh = (f", {len(remote)} replica(s) started over SSH on {sorted(set(remote))}" if remote
+           else f", no replica over SSH ({live.no_ssh or 'none started'})")
+    rtt = ssh + (", each through its round trip from the users (" + ", ".join(f"{c} {live.rtt_ms[c]:g} ms" for c in live.names)
+           + ")" if live.rtt_ms else ", no network distance")
     return (f"LIVE on 127.0.0.1{rtt}: replay hours {hours[0]}..{hours[-1]} on {', '.join(live.names)} (grid request on "
             f"{live.names[0]} at slice hour {grid[0] if grid else '-'}, {live.names[2]} preheated and added at hour 1 in "
             f"{live.added_s:.1f} s); answered by cloud {out['answered']}; model: "
