@@ -295,6 +295,11 @@ def _serve(args) -> int:
         for f in chosen:
             print(f"{f.tenant}/{f.name}: stopped {', '.join(f.stop()) or 'no replica'} and its router")
         return 0
+    if args.action == "restore":
+        for f in chosen:
+            router = f.restore()
+            print(f"{f.tenant}/{f.name}: router {router.url} with {', '.join(sorted(router.endpoints)) or 'no replica'}")
+        return 0
     rows = [fleet_status(f) for f in chosen]
     print(json.dumps(rows, indent=2) if args.json else "\n\n".join(format_status(r) for r in rows))
     return 0
@@ -355,8 +360,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--tenant", required=True)
     p.add_argument("--run-id", required=True)
     p = sub.add_parser("serve", help="served models: each cloud's share, replicas, tokens/s, cost per 1k tokens, "
-                       "p50/p99 latency (status), or stop them (stop)")
-    p.add_argument("action", choices=["status", "stop"])
+                       "p50/p99 latency (status), stop them (stop), or start a router that died again with "
+                       "the replicas still running and the shares in force (restore)")
+    p.add_argument("action", choices=["status", "stop", "restore"])
     p.add_argument("--tenant", action="append", default=[], metavar="T", help="only this tenant's (repeatable)")
     p.add_argument("--model", help="only this served model (its registered name)")
     p.add_argument("--json", action="store_true")

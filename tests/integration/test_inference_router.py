@@ -12,6 +12,9 @@ from __future__ import annotations
 
 import http.server
 import json
+import os
+import shutil
+import signal
 import threading
 import time
 
@@ -262,3 +265,32 @@ def _wait_for(condition, router: Router, timeout_s: float = 30.0) -> dict[str, s
         assert time.monotonic() < deadline, row
         time.sleep(0.02)
     return row
+
+
+def test_a_router_that_died_is_restored_on_its_port_with_the_running_replicas_and_the_shares_in_force(model, capsys):
+    """HAProxy killed (no clean stop): the replicas run on; ``crosscloud serve restore`` brings the router back."""
+    from crosscloud.cli import main as cli
+    from crosscloud.serving.fleet import Fleet
+
+    spec = ServeSpec(tenant=TENANT, name="byte-lm-restore", model=model.text, program=PROGRAM, args=ARGS)
+    fleet = Fleet(TENANT, spec.name)  # in the state folder, where the CLI finds served models
+    try:
+        done = fleet.apply(spec, {"beijing": 1, "shanghai": 1}, {"beijing": 1, "shanghai": 1})
+        fleet.save_decision({"shares": {"beijing": 0.5, "shanghai": 0.5}})
+        os.kill(json.loads((fleet.router_folder / "router.json").read_text())["pid"], signal.SIGKILL)
+        deadline = time.monotonic() + 10
+        while fleet.router() is not None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert fleet.router() is None and {r.cloud for r in fleet.replicas()} == {"beijing", "shanghai"}
+        assert cli(["serve", "restore", "--tenant", TENANT, "--model", spec.name]) == 0
+        assert f"router {done['router']} with beijing-0, shanghai-0" in capsys.readouterr().out
+        restored = fleet.router()
+        assert restored is not None and restored.url == done["router"]  # its clients keep their URL
+        with Load(restored.url) as load:
+            split = phase(load, 1.5)
+        assert load.failures() == [], load.failures()[:5]
+        assert split.get("beijing", 0) > 0.3 * sum(split.values()) and split.get("shanghai", 0) > 0.3 * sum(split.values())
+        assert fleet.restore().url == restored.url  # a router that runs is kept as it is
+    finally:
+        fleet.stop()
+        shutil.rmtree(fleet.folder, ignore_errors=True)  # no served model left for later tests' listings

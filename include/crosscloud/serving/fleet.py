@@ -101,7 +101,9 @@ class Fleet:
         return Router.attach(self.router_folder) if Router.running(self.router_folder) else None
 
     def open_router(self, jurisdictions: frozenset[str] | None, port: int = 0) -> Router:
-        """The running router, or a new one on ``port`` (0: a free one) bound to the tenant's jurisdictions."""
+        """The running router, or a new one bound to the tenant's jurisdictions: on ``port``, else on the port of
+        the router this fleet had (its clients keep their URL), else a free one. A new router takes back every
+        replica still running and the shares in force (``restore``)."""
         router = self.router()
         if router is not None:
             if router.jurisdictions != jurisdictions:
@@ -109,9 +111,35 @@ class Fleet:
                                  f"{sorted(router.jurisdictions or ['anywhere'])}, not {sorted(jurisdictions or ['anywhere'])}: "
                                  f"stop it first (crosscloud serve stop) to change the residency rule")
             return router
+        before = self.router_folder / "router.json"
+        port = port or (json.loads(before.read_text())["port"] if before.exists() else 0)
         router = Router(self.router_folder, port or free_port(), jurisdictions=jurisdictions)
         router.start()
+        self._readmit(router)
         return router
+
+    def restore(self) -> Router:
+        """The router again after its HAProxy died (a crash, the host restarted): the same port and residency rule,
+        every replica still running behind it once HAProxy's own check passes, and the shares in force."""
+        before = self.router_folder / "router.json"
+        if not before.exists():
+            raise FleetError(f"{self.tenant}/{self.name} never had a router here: the inference_placement DAG starts one")
+        allowed = json.loads(before.read_text()).get("jurisdictions")
+        return self.open_router(None if allowed is None else frozenset(allowed))
+
+    def _readmit(self, router: Router) -> None:
+        """Put the running replicas behind a new router, each given its share once healthy, as ``apply`` does."""
+        live, spec = self.replicas(), self.spec
+        if not live:
+            return
+        fed = load_federation(spec.federation)
+        for r in live:
+            router.add(Endpoint(r.cloud, r.index, replica_arg(r.handle, "--host"), int(replica_arg(r.handle, "--port")),
+                                fed.cloud(r.cloud).jurisdiction))
+        for r in live:
+            router.wait_healthy(r.server)
+        decision = self.decision or {}
+        router.set_weights({c: s for c, s in decision.get("shares", {}).items() if s > 0})
 
     def replicas(self) -> list[Replica]:
         """Replicas the fleet started whose processes run."""
