@@ -90,40 +90,14 @@ def preheat(cloud: str, resolved: dict) -> dict:
 
 @task(trigger_rule="none_failed")
 def place(resolved: dict) -> dict:
-    import json
-    import time
-    from dataclasses import replace
-
-    from crosscloud.serving.demand import Demand, expected_tokens_per_s
-
     from crosscloud.core.federation import load_federation
-    from crosscloud.serving.fleet import Fleet
-    from crosscloud.serving.offers import served_model
-    from crosscloud.serving.placement import decision_record, local_step_s, needed, plan_hour, warm_clouds
+    from crosscloud.serving.placement import decide_hour
     from crosscloud.serving.replica import ServeSpec
-    from crosscloud.store.chunks import read_blob
-    from crosscloud.store.open_store import open_store
 
-    ctx, req, fed = get_current_context(), _request(), load_federation()
-    spec = ServeSpec(**resolved["spec"])
-    home = open_store(fed.local_cloud, req.tenant)
-    weights = read_blob(home, req.tenant, needed(spec)[0])
-    model = served_model(weights, req.devices_per_replica, name=req.model)
-    step_s = local_step_s(fed, spec, weights, req.mix())
-    fleet = Fleet(req.tenant, spec.name)
+    ctx = get_current_context()
     when = (ctx.get("data_interval_end") or ctx["dag_run"].run_after).timestamp()
-    tokens_per_s, demand = expected_tokens_per_s(Demand(home, req.tenant, spec.name), fleet.token_counts(),
-                                                 time.time(), when, ctx["params"]["tokens_per_s"])
-    req = replace(req, tokens_per_s=tokens_per_s)
-    print(f"demand this hour: {demand['why']}")
-    print(f"a local replica generates a token in {step_s * 1000:.2f} ms (measured here)")
-    plan, offers = plan_hour(fed, req, model, warm_clouds(fed, spec, req.chosen_clouds(fed)), when, fleet.cuts(),
-                             step_s=step_s)
-    print(plan.explain())
-    record = {**decision_record(req, spec, resolved["version"], plan, offers, when, fleet.cuts()), "demand": demand}
-    key = f"{req.tenant}/serving/{spec.name}/decisions/{ctx['run_id'].replace(':', '-').replace('+', '-')}.json"
-    home.put(key, json.dumps(record, indent=2).encode())
-    return record
+    return decide_hour(load_federation(), _request(), ServeSpec(**resolved["spec"]), resolved["version"], when,
+                       ctx["run_id"].replace(":", "-").replace("+", "-"), ctx["params"]["tokens_per_s"])
 
 @task
 def apply(record: dict) -> dict:

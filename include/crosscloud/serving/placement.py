@@ -15,18 +15,21 @@ from __future__ import annotations
 import json
 import tempfile
 import time
-from dataclasses import asdict, dataclass, field
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 from crosscloud.artifacts.preheat import TransferReport, fetch_all
 from crosscloud.core.federation import Federation
 from crosscloud.run.plan import Plan
+from crosscloud.serving.demand import Demand, expected_tokens_per_s
 from crosscloud.serving.energy import ServedModel
-from crosscloud.serving.offers import RequestMix, federation_offers, offer_from_dict, offer_to_dict
+from crosscloud.serving.fleet import Fleet
+from crosscloud.serving.offers import RequestMix, federation_offers, offer_from_dict, offer_to_dict, served_model
 from crosscloud.serving.replica import ServeSpec
 from crosscloud.serving.traffic import CloudOffer, Goal, GridCut, TrafficPlan, place_traffic
 from crosscloud.store.base import ObjectStore
-from crosscloud.store.chunks import BLOB_TEXT, BlobRef, put_blob, warmth
+from crosscloud.store.chunks import BLOB_TEXT, BlobRef, put_blob, read_blob, warmth
 from crosscloud.store.network import nearest_first
 from crosscloud.store.open_store import open_store
 
@@ -188,6 +191,30 @@ def plan_hour(fed: Federation, req: ServingRequest, model: ServedModel, warm: di
     plan = place_traffic(req.goal(), offers, grid, in_force)
     plan.considered.extend(refused)
     return plan, offers
+
+
+def decide_hour(fed: Federation, req: ServingRequest, spec: ServeSpec, version: dict, when: float, name: str,
+                override: float | None = None, log: Callable[[str], None] = print) -> dict:
+    """The hour from ``when``, decided as the hourly run decides it, and kept in the home store as ``name``: the
+    demand (the override, else the forecast from the tokens the replicas served), a local replica's measured time
+    per token, the plan over the clouds where the model is warm, with the grid cuts in force."""
+    home = open_store(fed.local_cloud, req.tenant)
+    weights = read_blob(home, req.tenant, needed(spec)[0])
+    model = served_model(weights, req.devices_per_replica, name=req.model)
+    step_s = local_step_s(fed, spec, weights, req.mix())
+    fleet = Fleet(req.tenant, spec.name)
+    tokens_per_s, demand = expected_tokens_per_s(Demand(home, req.tenant, spec.name), fleet.token_counts(),
+                                                 time.time(), when, override)
+    req = replace(req, tokens_per_s=tokens_per_s)
+    log(f"demand this hour: {demand['why']}")
+    log(f"a local replica generates a token in {step_s * 1000:.2f} ms (measured here)")
+    cuts = fleet.cuts()
+    plan, offers = plan_hour(fed, req, model, warm_clouds(fed, spec, req.chosen_clouds(fed)), when, cuts,
+                             step_s=step_s)
+    log(plan.explain())
+    record = {**decision_record(req, spec, version, plan, offers, when, cuts), "demand": demand}
+    home.put(f"{req.tenant}/serving/{spec.name}/decisions/{name}.json", json.dumps(record, indent=2).encode())
+    return record
 
 
 def decision_record(req: ServingRequest, spec: ServeSpec, version: Version | dict, plan: TrafficPlan,
