@@ -26,7 +26,7 @@ import httpx
 
 from crosscloud.core.federation import load_federation
 from crosscloud.core.paths import state_dir
-from crosscloud.serving.replica import ServeSpec, bring_up, find, replica_arg, running, stop, take_down
+from crosscloud.serving.replica import ServeSpec, bring_up, endpoint_of, find, replica_arg, running, stop, take_down
 from crosscloud.serving.router import Endpoint, Router, RouterError
 
 
@@ -38,6 +38,14 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def _health(replica: Replica) -> dict:
+    """The replica's /health body (status, what it served), or ``{"status": "unreachable"}``."""
+    try:
+        return httpx.get(f"{replica.handle['url']}/health", timeout=2).json()
+    except (httpx.HTTPError, ValueError):
+        return {"status": "unreachable"}
 
 
 @dataclass(frozen=True)
@@ -111,8 +119,7 @@ class Fleet:
                                  f"{sorted(router.jurisdictions or ['anywhere'])}, not {sorted(jurisdictions or ['anywhere'])}: "
                                  f"stop it first (crosscloud serve stop) to change the residency rule")
             return router
-        before = self.router_folder / "router.json"
-        port = port or (json.loads(before.read_text())["port"] if before.exists() else 0)
+        port = port or (self._recorded_router() or {}).get("port", 0)
         router = Router(self.router_folder, port or free_port(), jurisdictions=jurisdictions)
         router.start()
         self._readmit(router)
@@ -121,11 +128,16 @@ class Fleet:
     def restore(self) -> Router:
         """The router again after its HAProxy died (a crash, the host restarted): the same port and residency rule,
         every replica still running behind it once HAProxy's own check passes, and the shares in force."""
-        before = self.router_folder / "router.json"
-        if not before.exists():
+        recorded = self._recorded_router()
+        if recorded is None:
             raise FleetError(f"{self.tenant}/{self.name} never had a router here: the inference_placement DAG starts one")
-        allowed = json.loads(before.read_text()).get("jurisdictions")
+        allowed = recorded.get("jurisdictions")
         return self.open_router(None if allowed is None else frozenset(allowed))
+
+    def _recorded_router(self) -> dict | None:
+        """What the router this fleet last started recorded (port, residency rule), running or not."""
+        path = self.router_folder / "router.json"
+        return json.loads(path.read_text()) if path.exists() else None
 
     def _readmit(self, router: Router) -> None:
         """Put the running replicas behind a new router, each given its share once healthy, as ``apply`` does."""
@@ -134,8 +146,7 @@ class Fleet:
             return
         fed = load_federation(spec.federation)
         for r in live:
-            router.add(Endpoint(r.cloud, r.index, replica_arg(r.handle, "--host"), int(replica_arg(r.handle, "--port")),
-                                fed.cloud(r.cloud).jurisdiction))
+            router.add(endpoint_of(r.handle, r.index, fed.cloud(r.cloud).jurisdiction))
         for r in live:
             router.wait_healthy(r.server)
         decision = self.decision or {}
@@ -144,9 +155,9 @@ class Fleet:
     def replicas(self) -> list[Replica]:
         """Replicas the fleet started whose processes run."""
         spec, out = self.spec, []
-        fed = load_federation(spec.federation) if spec else None
+        clouds = {c.name: c for c in load_federation(spec.federation).clouds} if spec else {}
         for cloud, index in self._read("fleet.json", {}).get("replicas", []):
-            handle = find(spec, fed.cloud(cloud), index) if spec and cloud in {c.name for c in fed.clouds} else None
+            handle = find(spec, clouds[cloud], index) if cloud in clouds else None
             if handle is not None and running(handle):
                 out.append(Replica(cloud, index, handle))
         return out
@@ -198,10 +209,7 @@ class Fleet:
         """Each running replica's own measure of what it served (its /health ``served``), by cloud."""
         out: dict[str, list[dict]] = {}
         for r in self.replicas():
-            try:
-                body = httpx.get(f"{r.handle['url']}/health", timeout=2).json()
-            except (httpx.HTTPError, ValueError):
-                body = {"status": "unreachable"}
+            body = _health(r)
             out.setdefault(r.cloud, []).append({"replica": r.server, "status": body.get("status"), **body.get("served", {})})
         return out
 
@@ -209,11 +217,9 @@ class Fleet:
         """Tokens each running replica answered since it started, by replica and start (a restart is a new one)."""
         out = {}
         for r in self.replicas():
-            try:
-                out[f"{r.server}@{r.handle.get('started_at', 0)}"] = int(
-                    httpx.get(f"{r.handle['url']}/health", timeout=2).json()["served"]["tokens"])
-            except (httpx.HTTPError, ValueError, KeyError):
-                continue  # unreachable now: its tokens count at the next reading that reaches it
+            tokens = _health(r).get("served", {}).get("tokens")
+            if tokens is not None:  # unreachable now: its tokens count at the next reading that reaches it
+                out[f"{r.server}@{r.handle.get('started_at', 0)}"] = int(tokens)
         return out
 
     def stop(self) -> list[str]:

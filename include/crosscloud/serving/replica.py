@@ -132,6 +132,12 @@ def _with_url(handle: Handle) -> Handle:
     return {**handle, "url": f"http://{replica_arg(handle, '--host')}:{replica_arg(handle, '--port')}"}
 
 
+def endpoint_of(handle: Handle, index: int, jurisdiction: str) -> Endpoint:
+    """Replica ``index`` as the router reaches it: at the address and port it was started with."""
+    return Endpoint(handle["cloud"], index, replica_arg(handle, "--host"), int(replica_arg(handle, "--port")),
+                    jurisdiction)
+
+
 def running(handle: Handle) -> bool:
     return get_backend(handle["backend"]).state(handle) == "running"
 
@@ -171,8 +177,7 @@ def bring_up(router: Router, spec: ServeSpec, cloud: str, index: int = 0, timeou
     router.admits(Endpoint(cloud, index, "", 0, where.jurisdiction))  # before a process starts for nothing
     handle = start(spec, where, index, port)
     wait_ready(handle, timeout_s)
-    endpoint = Endpoint(cloud, index, replica_arg(handle, "--host"), int(replica_arg(handle, "--port")),
-                        where.jurisdiction)
+    endpoint = endpoint_of(handle, index, where.jurisdiction)
     router.add(endpoint)
     router.wait_healthy(endpoint.server, timeout_s)
     return handle

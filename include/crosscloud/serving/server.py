@@ -81,24 +81,26 @@ def warm_bytes(store: ObjectStore, tenant: str, ref: BlobRef, what: str = "model
     return read_blob(store, tenant, ref)
 
 
+def warm_file(store: ObjectStore, tenant: str, text: str, what: str, name: str) -> str:
+    """The artifact ``text`` names (sha256[:size]) as a local file named ``name``, once this cloud's warm check of
+    it passed: a replica reads only what preheating put on its own cloud."""
+    ref = artifact_ref(store, tenant, text, what)
+    warm_bytes(store, tenant, ref, what)
+    return str(local_file(store, tenant, ref, name))
+
+
 def tokenizer_file(store: ObjectStore, tenant: str, tokenizer: str | None) -> str | None:
     """The tokenizer's file: the artifact ``tokenizer`` names (sha256:size), warm on this cloud like the weights, so
     the replica decodes with the very file that was published; a path is used as given (specs from before)."""
     if not tokenizer or not BLOB_TEXT.fullmatch(tokenizer):
         return tokenizer
-    ref = artifact_ref(store, tenant, tokenizer, "tokenizer")
-    warm_bytes(store, tenant, ref, "tokenizer")
-    return str(local_file(store, tenant, ref, "tokenizer.json"))
+    return warm_file(store, tenant, tokenizer, "tokenizer", "tokenizer.json")
 
 
 def program_file(store: ObjectStore, tenant: str, program: str, code: str | None) -> str:
     """The program to build the model with: its code blob as the run stored it (``code``: sha256[:size]), warm on
     this cloud like the weights, so a replica builds exactly the model that was trained; else ``program`` itself."""
-    if not code:
-        return program
-    ref = artifact_ref(store, tenant, code, "program")
-    warm_bytes(store, tenant, ref, "program")
-    return str(local_file(store, tenant, ref, Path(program).name))
+    return warm_file(store, tenant, code, "program", Path(program).name) if code else program
 
 
 class ByteTokenizer:
