@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import sqlite3
 import time
+import types
 
 import pytest
 from alembic.autogenerate import compare_metadata
@@ -17,6 +18,7 @@ from alembic.runtime.migration import MigrationContext
 from crosscloud.core import deployment
 from crosscloud.core.deployment import SingleHostOnly
 from crosscloud.ledger import Ledger, LedgerNotConfigured, ReservationError, lease_seconds, ledger_url, set_url_provider
+from crosscloud.ledger import ledger as ledger_module
 from crosscloud.ledger import migrate, url
 from crosscloud.ledger.schema import VERSION_TABLE, metadata
 
@@ -72,13 +74,18 @@ def test_a_lapsed_lease_holds_nothing_and_the_next_admission_releases_it(any_led
     assert any_ledger.reap() == []
 
 
-def test_renewing_keeps_a_reservation_past_its_first_lease(any_ledger):
+def test_renewing_keeps_a_reservation_past_its_first_lease(any_ledger, monkeypatch):
+    # the ledger's clock is the test's: a loaded machine must not let a 0.4 s lease lapse between two renewals
+    now = [time.time()]
+    monkeypatch.setattr(ledger_module, "time", types.SimpleNamespace(time=lambda: now[0]))
     _take(any_ledger, "alive", 2, lease_s=0.4)
     for _ in range(3):
-        time.sleep(0.2)
+        now[0] += 0.2
         assert any_ledger.renew("team-a", "alive", lease_s=0.4) == 2
     assert [r.devices for r in any_ledger.active(run_id="alive")] == [2]  # 0.6 s on, past the first 0.4 s lease
     assert any_ledger.reap() == [] and any_ledger.events() == []
+    now[0] += 0.5  # one more step without renewal, and it lapses
+    assert any_ledger.active(run_id="alive") == [] and any_ledger.renew("team-a", "alive") == 0
     assert any_ledger.renew("team-a", "never-admitted") == 0
 
 
