@@ -293,6 +293,15 @@ def set_client_factory(factory: ClientFactory | None) -> None:
         _clients.clear()
 
 
+def api_client(access: dict):
+    """The ``ApiClient`` of a cloud's Connection (its ``access`` section): one per Connection and process, from the
+    installed factory (in Airflow the provider's ``KubernetesHook``), else from the kubeconfig or in-cluster."""
+    key = access.get("connection_id") or ""
+    if key not in _clients:
+        _clients[key] = (_client_factory or _kubeconfig_client)(access)
+    return _clients[key]
+
+
 def _kubeconfig_client(access: dict):
     """Outside Airflow: the kubeconfig context named like the Connection, else the current one, else in-cluster."""
     from kubernetes import client, config
@@ -315,10 +324,8 @@ class KubernetesBackend(Backend):
     def _apis(access: dict):
         from kubernetes import client
 
-        key = access.get("connection_id") or ""
-        if key not in _clients:
-            _clients[key] = (_client_factory or _kubeconfig_client)(access)
-        return client.BatchV1Api(_clients[key]), client.CoreV1Api(_clients[key])
+        api = api_client(access)
+        return client.BatchV1Api(api), client.CoreV1Api(api)
 
     def start(self, spec: SubTaskSpec) -> Handle:
         raise SubTaskError(f"cloud {spec.cloud}: kubernetes sub-tasks are created by the Airflow task dispatch_kubernetes "

@@ -139,6 +139,9 @@ class Access(_Model):
     env: dict[str, str] = Field(default_factory=dict, description="non-secret environment of the sub-task")
     serve_host: str | None = Field(default=None, description="ssh: the address serving replicas listen on and the "
                                    "router reaches them at (default: the host's address as SSH reached it)")
+    serve_service_type: Literal["ClusterIP", "LoadBalancer"] = Field(
+        default="ClusterIP", description="kubernetes: the type of a served model's Service; LoadBalancer when the "
+        "router runs outside the cluster's network and reaches the Service at its external address")
 
     @field_validator("env")
     @classmethod

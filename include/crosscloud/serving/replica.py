@@ -193,6 +193,11 @@ def deployment_name(spec: ServeSpec) -> str:
     return f"serve-{spec.name}"[:63].rstrip("-")
 
 
+def serve_labels(spec: ServeSpec, cloud: Cloud) -> dict[str, str]:
+    """The labels of the model's pods on ``cloud``: the Deployment selects them, and so does its Service."""
+    return {f"{LABEL}/tenant": spec.tenant, f"{LABEL}/serve": spec.name, f"{LABEL}/cloud": cloud.name}
+
+
 def _store_env(cloud: Cloud, tenant: str) -> list[dict]:
     """The init container's settings: the cloud's plain ones, and its store keys as references to the tenant's Secret."""
     env = [{"name": "PYTHONUNBUFFERED", "value": "1"}] + [{"name": k, "value": v} for k, v in sorted(cloud.access.env.items())]
@@ -221,7 +226,7 @@ def vllm_deployment(spec: ServeSpec, cloud: Cloud, accelerator: str, crosscloud_
     """
     pool = PoolRequest.of(cloud, accelerator)
     name = deployment_name(spec)
-    labels = {f"{LABEL}/tenant": spec.tenant, f"{LABEL}/serve": spec.name, f"{LABEL}/cloud": cloud.name}
+    labels = serve_labels(spec, cloud)
     folder = f"{MODEL_MOUNT}/{spec.name}"
     in_pod = ServeSpec(**{**spec.__dict__, "federation": f"{FEDERATION_MOUNT}/federation.yaml"})
     export = ["python", "-m", "crosscloud.serving.server", *in_pod.server_args(cloud.name, VLLM_PORT, "0.0.0.0"),
