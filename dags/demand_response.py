@@ -77,7 +77,9 @@ def verify(answer: dict) -> dict:
     from crosscloud.grid.demand_response import ShedPlan
     from crosscloud.grid.demand_response import verify as check
     from crosscloud.serving.grid import verify_all
+    from crosscloud_airflow.connections import use_airflow_connections
 
+    use_airflow_connections()  # the replicas' meters are read on their clouds' hosts
     p = get_current_context()["params"]
     plan = ShedPlan.from_dict(answer["plan"])
     serving = verify_all(answer["serving"], p["within_s"])
@@ -111,7 +113,9 @@ def restore(answer: dict) -> None:
     from crosscloud.grid.demand_response import ShedPlan
     from crosscloud.grid.demand_response import restore as give_back
     from crosscloud.serving.grid import restore_all
+    from crosscloud_airflow.connections import use_airflow_connections
 
+    use_airflow_connections()
     give_back(load_federation(), ShedPlan.from_dict(answer["plan"]))
     for back in restore_all(answer["serving"]):
         print(f"serving {back['tenant']}/{back['model']}: share {back['share']:.2f} and {back['replicas']} replica(s) back")

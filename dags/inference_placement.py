@@ -68,7 +68,9 @@ def find_cold(resolved: dict) -> list[str]:
     from crosscloud.core.federation import load_federation
     from crosscloud.serving.placement import warm_clouds
     from crosscloud.serving.replica import ServeSpec
+    from crosscloud_airflow.connections import use_airflow_connections
 
+    use_airflow_connections()  # each task is a process of its own, on any worker: the clouds' stores and hosts
     req, fed = _request(), load_federation()
     allowed = [c for c in resolved["clouds"] if req.allowed() is None or fed.cloud(c).jurisdiction in req.allowed()]
     warm = warm_clouds(fed, ServeSpec(**resolved["spec"]), allowed)
@@ -93,7 +95,9 @@ def place(resolved: dict) -> dict:
     from crosscloud.core.federation import load_federation
     from crosscloud.serving.placement import decide_hour
     from crosscloud.serving.replica import ServeSpec
+    from crosscloud_airflow.connections import use_airflow_connections
 
+    use_airflow_connections()
     ctx = get_current_context()
     when = (ctx.get("data_interval_end") or ctx["dag_run"].run_after).timestamp()
     return decide_hour(load_federation(), _request(), ServeSpec(**resolved["spec"]), resolved["version"], when,
@@ -104,7 +108,9 @@ def apply(record: dict) -> dict:
     from crosscloud.serving.fleet import Fleet
     from crosscloud.serving.replica import ServeSpec
     from crosscloud.serving.status import fleet_status, format_status
+    from crosscloud_airflow.connections import use_airflow_connections
 
+    use_airflow_connections()
     p, spec = get_current_context()["params"], ServeSpec(**record["spec"])
     fleet = Fleet(spec.tenant, spec.name)
     done = fleet.apply(spec, record["shares"], record["replicas"],

@@ -284,22 +284,29 @@ def _summary(args) -> int:
 
 
 def _serve(args) -> int:
+    from crosscloud.ledger.fleets import FleetBusy
+    from crosscloud.serving.fleet import FleetError
+    from crosscloud.serving.router import RouterError
     from crosscloud.serving.status import fleet_status, fleets, format_status
 
     chosen = [f for f in fleets(args.tenant or None) if args.model is None or f.name == args.model]
     if not chosen:
-        print("no served model" + (f" {args.model}" if args.model else "") + " in the state folder "
+        print("no served model" + (f" {args.model}" if args.model else "") + " in the ledger "
               "(the inference_placement DAG starts one)", file=sys.stderr)
         return 1
-    if args.action == "stop":
-        for f in chosen:
-            print(f"{f.tenant}/{f.name}: stopped {', '.join(f.stop()) or 'no replica'} and its router")
-        return 0
-    if args.action == "restore":
-        for f in chosen:
-            router = f.restore()
-            print(f"{f.tenant}/{f.name}: router {router.url} with {', '.join(sorted(router.endpoints)) or 'no replica'}")
-        return 0
+    try:
+        if args.action == "stop":
+            for f in chosen:
+                print(f"{f.tenant}/{f.name}: stopped {', '.join(f.stop()) or 'no replica'} and its router")
+            return 0
+        if args.action == "restore":
+            for f in chosen:
+                router = f.restore()
+                print(f"{f.tenant}/{f.name}: router {router.url} with {', '.join(sorted(router.endpoints)) or 'no replica'}")
+            return 0
+    except (FleetError, FleetBusy, RouterError) as exc:  # another host's router, a change under way: what to do
+        print(f"crosscloud serve {args.action}: {exc}", file=sys.stderr)
+        return 2
     rows = [fleet_status(f) for f in chosen]
     print(json.dumps(rows, indent=2) if args.json else "\n\n".join(format_status(r) for r in rows))
     return 0

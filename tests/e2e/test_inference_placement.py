@@ -12,11 +12,11 @@ from __future__ import annotations
 import json
 import os
 import shutil
-from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
 import httpx
 import pytest
+from pricefiles import write_flat_prices
 from servingload import Load, phase
 
 from crosscloud.cli import main as cli
@@ -55,12 +55,7 @@ def prices(tmp_path_factory):
     """A year of hourly prices per region of the embedded federation, in a data folder of this module's own."""
     data = tmp_path_factory.mktemp("data")
     shutil.copytree(Path(os.environ["CROSSCLOUD_DATA_DIR"]) / "power", data / "power")
-    (data / "electricity" / "prices").mkdir(parents=True)
-    hours = [datetime(2023, 1, 1, tzinfo=timezone.utc) + timedelta(hours=h) for h in range(8760)]
-    for region, price in PRICES.items():
-        rows = [f"{t:%Y-%m-%d %H:%M:%S}+00:00,,{price}" for t in hours]
-        (data / "electricity" / "prices" / f"{region}_2023.csv").write_text(
-            "Datetime (UTC),Datetime (Local),Price (USD/MWh)\n" + "\n".join(rows) + "\n")
+    write_flat_prices(data, PRICES)
     before = os.environ["CROSSCLOUD_DATA_DIR"]
     os.environ["CROSSCLOUD_DATA_DIR"] = str(data)
     yield data

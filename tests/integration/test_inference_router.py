@@ -13,7 +13,6 @@ from __future__ import annotations
 import http.server
 import json
 import os
-import shutil
 import signal
 import threading
 import time
@@ -200,14 +199,36 @@ def test_a_grid_request_drains_a_cloud_and_its_traffic_returns_afterwards(servin
 
 
 def test_an_attached_router_stops_the_haproxy_another_process_started(tmp_path):
-    started = Router(tmp_path / ("a" * 40), free_port())  # a folder too long for a socket path of its own
+    started = Router(tmp_path / ("a" * 120), free_port())  # a folder longer than a unix socket path may be
     try:
         started.start()
     except RouterError as exc:
         unavailable(str(exc))
-    assert len(str(started.socket)) <= 97 and started.proc.poll() is None
+    assert started.proc.poll() is None and Router.running(started.folder)
     Router.attach(started.folder).stop(grace_s=5)
     assert started.proc.wait(timeout=5) is not None
+    assert not Router.running(started.folder) and not Router.reachable(started.info())
+
+
+def test_a_router_of_another_host_is_steered_through_its_runtime_api_and_stopped_only_there(tmp_path):
+    """What a task on another host has is the fleet's record: the router's address, runtime API and node name."""
+    started = Router(tmp_path / "host-a", free_port(), jurisdictions=frozenset({"CN"}))
+    try:
+        started.start()
+    except RouterError as exc:
+        unavailable(str(exc))
+    try:
+        record = {**started.info(), "folder": str(tmp_path / "host-b" / "router")}  # no such router on this "host"
+        remote = Router.attach(record)
+        assert remote.jurisdictions == frozenset({"CN"}) and remote.url == started.url
+        remote.add(Endpoint("beijing", 0, "127.0.0.1", free_port(), "CN"))  # through the TCP runtime API
+        assert "beijing-0" in started.servers()
+        with pytest.raises(RouterError, match="runs on another host"):
+            remote.stop(grace_s=1)
+        assert started.proc.poll() is None
+        assert not Router.reachable({**record, "node": "crosscloud-another"})  # the port taken by another router
+    finally:
+        started.stop(grace_s=5)
 
 
 def test_a_router_bound_to_a_tenants_jurisdiction_never_takes_a_cloud_outside_it(tmp_path):
@@ -273,7 +294,7 @@ def test_a_router_that_died_is_restored_on_its_port_with_the_running_replicas_an
     from crosscloud.serving.fleet import Fleet
 
     spec = ServeSpec(tenant=TENANT, name="byte-lm-restore", model=model.text, program=PROGRAM, args=ARGS)
-    fleet = Fleet(TENANT, spec.name)  # in the state folder, where the CLI finds served models
+    fleet = Fleet(TENANT, spec.name)  # in the deployment's ledger, where the CLI finds served models
     try:
         done = fleet.apply(spec, {"beijing": 1, "shanghai": 1}, {"beijing": 1, "shanghai": 1})
         fleet.save_decision({"shares": {"beijing": 0.5, "shanghai": 0.5}})
@@ -293,4 +314,35 @@ def test_a_router_that_died_is_restored_on_its_port_with_the_running_replicas_an
         assert fleet.restore().url == restored.url  # a router that runs is kept as it is
     finally:
         fleet.stop()
-        shutil.rmtree(fleet.folder, ignore_errors=True)  # no served model left for later tests' listings
+        fleet.forget()  # no served model left for later tests' listings
+
+
+def test_two_hosts_change_one_fleet_in_turn_through_one_router(model, tmp_path):
+    """Two hosts (their own state folders) over the deployment's ledger: one record, one router; two placements at
+    once take turns, so the second finds the first's replica and starts none, and no request fails."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from crosscloud.serving.fleet import Fleet
+    from crosscloud.serving.status import fleets
+
+    spec = ServeSpec(tenant=TENANT, name="byte-lm-two-hosts", model=model.text, program=PROGRAM, args=ARGS)
+    host_a, host_b = (Fleet(TENANT, spec.name, root=tmp_path / host) for host in ("host-a", "host-b"))
+    both = {"beijing": 1, "shanghai": 1}
+    try:
+        first = host_a.apply(spec, {"beijing": 1}, {"beijing": 1})
+        with Load(first["router"]) as load:
+            with ThreadPoolExecutor(2) as pool:
+                changes = [pool.submit(fleet.apply, spec, both, both) for fleet in (host_a, host_b)]
+                done = [c.result(timeout=300) for c in changes]
+            split = phase(load, 1.5)
+        assert load.failures() == [], load.failures()[:5]
+        assert sorted(d["started"] for d in done) == [[], ["shanghai-0"]], done  # in turn: never started twice
+        assert {d["router"] for d in done} == {first["router"]}  # the router host-a started, steered from host-b
+        assert sorted((r.cloud, r.index) for r in host_b.replicas()) == [("beijing", 0), ("shanghai", 0)]
+        assert not (tmp_path / "host-b" / TENANT / spec.name / "router").exists()  # it runs on host-a only
+        assert split.get("shanghai", 0) > 0.2 * sum(split.values()), split
+        host_b.save_decision({"shares": both})
+        assert host_a.decision == {"shares": both} and (TENANT, spec.name) in [(f.tenant, f.name) for f in fleets()]
+    finally:
+        host_b.forget()
+    assert (TENANT, spec.name) not in [(f.tenant, f.name) for f in fleets()] and host_a.router() is None

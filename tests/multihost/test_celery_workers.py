@@ -8,7 +8,9 @@ operator's shell) before the run; a worker is killed, with every process it
 started, while it runs a task of the run. Then three runs that each need the
 whole of one cloud are triggered at once: they wait in the queue deferred on
 the triggerer and start one at a time, in the order they were submitted,
-whichever worker admits them.
+whichever worker admits them. Last, ``inference_placement`` serves the
+registered model twice, from whichever workers: one fleet in the ledger, one
+router, and no request failed while the second run changed it.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import os
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import httpx
 import pytest
@@ -32,6 +35,7 @@ from crosscloud.store.open_store import open_store
 pytestmark = [pytest.mark.multihost, pytest.mark.e2e, pytest.mark.slow, pytest.mark.ssh, pytest.mark.s3]
 
 DAG_ID = "cross_cloud_training"
+SERVED = "crosscloud-team-a-byte-lm-tiny"  # what cross_cloud_training registers for CONF's model
 CONF = {"rounds": 2, "inner_steps": 8, "model_size": "tiny", "global_batch": 12, "seed": 7}
 DRAINED = "shanghai"
 WORKERS = ("host-a", "host-b")
@@ -171,3 +175,71 @@ def test_queued_runs_start_one_at_a_time_in_queue_order_across_workers(deploymen
     assert counts == {run_id: 1 for run_id in runs}
     admitted_on = {cluster.tries(DAG_ID, r, "admit")[-1]["hostname"] for r in runs}
     assert admitted_on <= set(WORKERS)
+
+
+def _champion(cluster: CeleryDeployment) -> None:
+    """The newest registered version of SERVED as its champion; a run trains and registers one if none is."""
+    from mlflow import MlflowClient
+
+    from crosscloud.tracking.registry import latest, promote
+
+    uri = cluster.shared["MLFLOW_TRACKING_URI"]
+    client = MlflowClient(tracking_uri=uri, registry_uri=uri)
+    if latest(client, SERVED) is None:  # this test alone
+        run_id = cluster.trigger(DAG_ID, {**CONF, "rounds": 1, "clouds": ["beijing"], "placement": "auto", "devices": 1})
+        assert cluster.wait(DAG_ID, run_id, timeout_s=1200)["state"] == "success"
+    promote(client, SERVED, int(latest(client, SERVED).version))
+
+
+def _stop_serving(ssh_server, ledger: Ledger) -> None:
+    """Stop every replica (over the tests' sshd, as a host holding the key would) and the router."""
+    from crosscloud.backends import ssh
+    from crosscloud.serving.fleet import Fleet
+
+    ssh.set_connector(lambda cloud, access: ssh.SSHTarget("127.0.0.1", ssh_server.user, ssh_server.port,
+                                                          str(ssh_server.key_file), str(ssh_server.known_hosts)).connect())
+    try:
+        Fleet("team-a", SERVED, ledger=ledger).forget()
+    finally:
+        ssh.set_connector(None)
+
+
+def test_two_workers_serve_one_fleet_and_no_request_fails_while_it_changes(deployment, ssh_server):
+    from servingload import Load, phase
+
+    from crosscloud.serving.router import Router
+
+    from pricefiles import write_flat_prices
+
+    cluster, _ = deployment
+    ledger = Ledger(cluster.shared["CROSSCLOUD_LEDGER_URL"])
+    _champion(cluster)
+    # every host reads the one public data folder: prices for the hour, removed again for the tests after this one
+    priced = write_flat_prices(Path(os.environ["CROSSCLOUD_DATA_DIR"]), {"DE-LU": 60.0, "US-CAL-CISO": 40.0})
+    conf = {"tenant": "team-a", "model": SERVED, "alias": "champion", "clouds": ["beijing", "shanghai"],
+            "users_near": "beijing", "tokens_per_s": 300.0, "min_share": 0.1, "latency_goal_ms": 5000.0,
+            "context_tokens": 8.0, "generated_tokens": 4.0}
+    runs = [cluster.trigger("inference_placement", conf)]
+    try:
+        assert cluster.wait("inference_placement", runs[0], timeout_s=900)["state"] == "success", cluster.root
+        record = ledger.fleets.get("team-a", SERVED)  # the fleet as any host reads it: the ledger's record
+        assert {cloud for cloud, _ in record["replicas"]} == {"beijing", "shanghai"}, record
+        router = Router.attach(record["router"])  # through its runtime API, from this third "host"
+        with Load(router.url) as load:
+            phase(load, 1.0)
+            runs.append(cluster.trigger("inference_placement", {**conf, "clouds": ["beijing"]}))
+            state = cluster.wait("inference_placement", runs[1], timeout_s=900)["state"]
+            after = phase(load, 1.0)
+        assert state == "success", cluster.root
+        assert load.failures() == [], load.failures()[:5]
+        assert "shanghai" not in after and after.get("beijing", 0) > 0, after
+        record = ledger.fleets.get("team-a", SERVED)
+        assert {cloud for cloud, _ in record["replicas"]} == {"beijing"} and record["router"]["url"] == router.url
+        applied_on = [cluster.tries("inference_placement", r, "apply")[-1]["hostname"] for r in runs]
+        assert set(applied_on) <= set(WORKERS), applied_on
+        page = httpx.get(f"{cluster.url}/crosscloud/", headers={"Authorization": f"Bearer {cluster.token()}"}, timeout=30)
+        assert page.status_code == 200 and SERVED in page.text  # the api-server's host sees the fleet too
+    finally:
+        _stop_serving(ssh_server, ledger)
+        for path in priced:
+            path.unlink()

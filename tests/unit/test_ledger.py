@@ -121,7 +121,7 @@ def test_pins_and_cloud_membership_are_upserts(any_ledger):
 
 def test_a_new_database_is_brought_to_the_newest_schema(any_ledger):
     with any_ledger.engine.connect() as conn:
-        assert migrate.current(conn) == migrate.head() == "0006"
+        assert migrate.current(conn) == migrate.head() == "0007"
         context = MigrationContext.configure(conn, opts={"version_table": VERSION_TABLE})
         assert compare_metadata(context, metadata) == []  # the migrations build what the queries use
 
@@ -179,7 +179,7 @@ def test_a_ledger_of_the_sqlite_only_code_is_upgraded_with_its_rows(tmp_path, mo
     with sqlite3.connect(path) as db:
         columns = {row[1] for row in db.execute("PRAGMA table_info(reservations)")}
         assert {"holder", "lease_expires_at", "release_reason"} <= columns
-        assert db.execute(f"SELECT version_num FROM {VERSION_TABLE}").fetchall() == [("0006",)]
+        assert db.execute(f"SELECT version_num FROM {VERSION_TABLE}").fetchall() == [("0007",)]
     db.close()
     assert ledger.reap(now=time.time() + 1000) and ledger.active() == []
     assert [e.detail.split(" (")[0] for e in ledger.events()] == ["lease lapsed"]
@@ -273,3 +273,39 @@ def test_releases_and_renewals_survive_a_server_crash_the_moment_they_return():
         active = {r.run_id: r for r in after.active()}
         assert sorted(active) == ["r0", "r2"]  # the release held
         assert all(r.lease_expires_at >= renewed_at + 3000 for r in active.values())  # and the renewals
+
+
+def test_a_fleet_record_changes_by_parts_and_one_change_at_a_time(any_ledger):
+    import threading
+
+    from crosscloud.ledger.fleets import FleetBusy
+
+    fleets = any_ledger.fleets
+    assert fleets.get("team-a", "lm") == {} and fleets.names() == []
+    fleets.update("team-a", "lm", replicas=[["beijing", 0]], decision={"shares": {"beijing": 1}})
+    fleets.update("team-a", "lm", cuts={"beijing": {"reduce_pct": 10}})  # another part: the others are kept
+    fleets.update("team-b", "lm", decision=None)
+    assert fleets.get("team-a", "lm") == {"replicas": [["beijing", 0]], "decision": {"shares": {"beijing": 1}},
+                                          "cuts": {"beijing": {"reduce_pct": 10}}}
+    assert fleets.update("team-a", "lm", cuts=None) == {"replicas": [["beijing", 0]], "decision": {"shares": {"beijing": 1}}}
+    assert fleets.names() == [("team-a", "lm"), ("team-b", "lm")] and fleets.names(["team-b"]) == [("team-b", "lm")]
+    held, release = threading.Event(), threading.Event()
+
+    def change():
+        with fleets.changing("team-a", "lm"):
+            held.set()
+            release.wait(10)
+
+    other = threading.Thread(target=change)
+    other.start()
+    assert held.wait(10)
+    with pytest.raises(FleetBusy, match="another task"):
+        with fleets.changing("team-a", "lm", wait_s=0.3):
+            pass
+    with fleets.changing("team-b", "lm", wait_s=0.3):  # another fleet is not held up
+        pass
+    release.set()
+    other.join()
+    with fleets.changing("team-a", "lm", wait_s=5):
+        fleets.delete("team-a", "lm")
+    assert fleets.names() == [("team-b", "lm")]

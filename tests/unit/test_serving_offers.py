@@ -65,8 +65,8 @@ def model():
     return served_model(to_bytes({"w": torch.zeros(64, 64), "b": torch.zeros(64)}))
 
 
-def _offer(fed, cloud, model, tenant="team-a", users_near="beijing", warm=True, step_s=None):
-    return cloud_offer(fed, fed.cloud(cloud), tenant, model, MIX, WHEN, users_near, warm, 0.9, step_s)
+def _offer(fed, cloud, model, tenant="team-a", users_near="beijing", warm=True, step_s=None, family=None):
+    return cloud_offer(fed, fed.cloud(cloud), tenant, model, MIX, WHEN, users_near, warm, 0.9, step_s, family)
 
 
 def test_served_model_reads_the_size_from_the_weights():
@@ -206,17 +206,24 @@ def test_replan_reproduces_the_record_and_a_grid_cut_shrinks_the_cloud(data, mod
     assert replan(record, {"nowhere": cut[busiest]}, None).shares == pytest.approx(again.shares)
 
 
-def test_an_ssh_cloud_gets_an_offer_and_a_kubernetes_cloud_is_refused_with_what_to_do(data, model):
+def test_a_kubernetes_cloud_gets_an_offer_only_for_a_model_vllm_loads_with_an_image_for_its_warm_check(data, model):
     data(DE_LU=50.0, US_CAL_CISO=50.0, SG=50.0)
 
-    def access(method: str, **more):
+    def access(method: str, images: bool = True, **more):
         def mutate(raw):
             next(c for c in raw["clouds"] if c["name"] == "singapore")["access"] = {"method": method, **more}
             next(c for c in raw["clouds"] if c["name"] == "singapore")["store"]["url"] = "s3://sg-bucket"
+            raw["images"] = raw["images"] if images else [i for i in raw["images"] if i["family"] != "hf-causal-lm"]
         return embedded(mutate)
 
     over_ssh = _offer(access("ssh", host="10.0.0.7", workdir="/srv/cc", python="/opt/cc/bin/python"), "singapore", model)
     assert not isinstance(over_ssh, str), over_ssh
-    refused = _offer(access("kubernetes", namespace="serving"), "singapore", model)
-    assert isinstance(refused, str) and refused.startswith("refused: crosscloud starts replicas on local and ssh clouds")
-    assert "vllm_deployment" in refused
+    k8s = access("kubernetes", namespace="serving")
+    refused = _offer(k8s, "singapore", model, family="byte-lm")
+    assert isinstance(refused, str) and refused.startswith("refused: a kubernetes cloud serves with vLLM, which loads "
+                                                           "hf-causal-lm models, not byte-lm")
+    served = _offer(k8s, "singapore", model, family="hf-causal-lm")
+    assert not isinstance(served, str), served
+    no_image = _offer(access("kubernetes", images=False, namespace="serving"), "singapore", model, family="hf-causal-lm")
+    assert isinstance(no_image, str) and "no image adapted to hf-causal-lm" in no_image
+

@@ -21,6 +21,7 @@ fork every cached engine gets a fresh pool without closing the parent's.
 from __future__ import annotations
 
 import fcntl
+import hashlib
 import os
 import threading
 import time
@@ -162,45 +163,57 @@ def migration_lock(engine: Engine) -> Iterator[Connection]:
             conn.commit()
 
 
-_pass_threads: dict[str, threading.Lock] = {}
+_lock_threads: dict[tuple[str, str], threading.Lock] = {}
 
 
 @contextmanager
 def pass_lock(engine: Engine, blocking: bool = True) -> Iterator[bool]:
     """Held by one scheduling pass at a time across every host; yields whether it was taken (never False when
-    ``blocking``).
+    ``blocking``). PostgreSQL's lock is apart from the ledger's write lock, so admissions go on during a pass."""
+    with session_lock(engine, "pass", PASS_LOCK, None if blocking else 0) as taken:
+        yield taken
 
-    PostgreSQL: a session advisory lock on a connection of its own, apart from
-    the ledger's write lock, so admissions and releases go on during a pass.
+
+def lock_key(name: str) -> int:
+    """A PostgreSQL advisory lock key (signed 64 bits) for a named lock, apart from the ledger's fixed ones."""
+    return int.from_bytes(hashlib.sha256(name.encode()).digest()[:8], "big", signed=True)
+
+
+@contextmanager
+def session_lock(engine: Engine, name: str, key: int, wait_s: float | None = None) -> Iterator[bool]:
+    """One holder at a time across every host for the lock ``name``; yields whether it was taken within ``wait_s``
+    (None: wait as long as it takes; 0: one try). A holder that dies gives it back with its connection or process.
+
+    PostgreSQL: a session advisory lock (``key``) on a connection of its own.
     SQLite (one host): an advisory lock on a file beside the ledger, and a
     thread lock within the process.
     """
+    deadline = None if wait_s is None else time.monotonic() + wait_s
     if is_postgres(engine):
         with engine.connect() as conn:
             conn.execution_options(isolation_level="AUTOCOMMIT")
-            fn = "pg_advisory_lock" if blocking else "pg_try_advisory_lock"
-            got = conn.exec_driver_sql(f"SELECT {fn}({PASS_LOCK})").scalar()
-            taken = True if blocking else bool(got)
+            if deadline is None:  # the server queues the waiter: no polling
+                taken = conn.exec_driver_sql(f"SELECT pg_advisory_lock({key})") is not None
+            else:
+                taken = _poll(lambda: bool(conn.exec_driver_sql(f"SELECT pg_try_advisory_lock({key})").scalar()), deadline)
             try:
                 yield taken
             finally:
                 if taken:
-                    conn.exec_driver_sql(f"SELECT pg_advisory_unlock({PASS_LOCK})")
+                    conn.exec_driver_sql(f"SELECT pg_advisory_unlock({key})")
         return
-    key = engine.url.database or ":memory:"
+    db = engine.url.database or ":memory:"
     with _guard:
-        lock = _pass_threads.setdefault(key, threading.Lock())
-    if not lock.acquire(blocking=blocking):
+        lock = _lock_threads.setdefault((db, name), threading.Lock())
+    if not _poll(lambda: lock.acquire(blocking=False), deadline):
         yield False
         return
     try:
-        if key == ":memory:":
+        if db == ":memory:":
             yield True
             return
-        with open(f"{key}.pass-lock", "a") as f:
-            try:
-                fcntl.flock(f, fcntl.LOCK_EX if blocking else fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
+        with open(f"{db}.{name}-lock", "a") as f:
+            if not _poll(lambda: _flock(f), deadline):
                 yield False
                 return
             try:
@@ -211,11 +224,28 @@ def pass_lock(engine: Engine, blocking: bool = True) -> Iterator[bool]:
         lock.release()
 
 
+def _flock(f) -> bool:
+    try:
+        fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        return True
+    except BlockingIOError:
+        return False
+
+
+def _poll(take, deadline: float | None, every_s: float = 0.05) -> bool:
+    """Try ``take`` until it succeeds or ``deadline`` (monotonic; None: never) passes; whether it was taken."""
+    while not take():
+        if deadline is not None and time.monotonic() >= deadline:
+            return False
+        time.sleep(every_s)
+    return True
+
+
 def _after_fork_in_child() -> None:
     """The child's engines start with empty pools; the parent's connections are left to the parent."""
     global _guard
     _guard = threading.Lock()  # a thread of the parent may have held it at the fork
-    _pass_threads.clear()  # the same: a pass of the parent's is not the child's
+    _lock_threads.clear()  # the same: a lock of the parent's is not the child's
     for engine in _engines.values():
         engine.dispose(close=False)
 

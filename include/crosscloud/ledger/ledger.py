@@ -30,6 +30,7 @@ from crosscloud.ledger import engine as backend
 from crosscloud.ledger import migrate
 from crosscloud.ledger import queue as queue_rows
 from crosscloud.ledger.figures import FigureStore
+from crosscloud.ledger.fleets import FleetRecords
 from crosscloud.ledger.leases import default_holder, lapse_reason, lease_seconds
 from crosscloud.ledger.records import STATES, Event, Membership, Reservation, ReservationError, Usage
 from crosscloud.ledger.schema import clouds, events, pins, queue_entries, reservations
@@ -77,6 +78,7 @@ class Ledger:
 
         self.queue = queue_rows.QueueStore(self.engine)
         self.figures = FigureStore(self.engine)
+        self.fleets = FleetRecords(self.engine)
 
     def __repr__(self) -> str:
         return f"Ledger({self.url.render_as_string(hide_password=True)!r})"

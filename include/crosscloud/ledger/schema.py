@@ -116,3 +116,12 @@ program_figures = sa.Table(
     sa.Column("measured_at", EPOCH, nullable=False),
     sa.Column("run_id", sa.Text, nullable=False, server_default=""),
 )
+
+# revision 0007: each served model's fleet (replicas, decision, grid cuts, router), shared by every host
+serving_fleets = sa.Table(
+    "serving_fleets", metadata,
+    sa.Column("tenant", sa.Text, primary_key=True),
+    sa.Column("name", sa.Text, primary_key=True),  # the served model's name
+    sa.Column("record", sa.Text, nullable=False, server_default="{}"),  # JSON: spec, replicas, decision, cuts, router
+    sa.Column("updated_at", EPOCH, nullable=False),
+)

@@ -2,11 +2,14 @@
 
 Why one object: every task that changes serving (the hourly placement, a grid
 request, its end, an operator stopping it) must see what the others left, and
-they run in different processes. The fleet keeps that in one folder of the
-state folder (``serving/<tenant>/<name>/``): the router's folder, the replicas
-it started (``fleet.json``), the decision in force (``decision.json``) and the
-grid cuts in force (``cuts.json``). Replicas and HAProxy are processes of their
-own sessions, so they outlive the task that started them.
+they run in different processes, on different hosts under the CeleryExecutor.
+The fleet's record is in the ledger's database (``serving_fleets``): the
+replicas it started, the decision in force, the grid cuts in force, and where
+its router runs (address, runtime API, jurisdictions). Changes take turns
+(``FleetRecords.changing``) whichever host makes them. Replicas and HAProxy
+are processes of their own sessions, so they outlive the task that started
+them; the router's configuration and log stay in the state folder of the host
+that runs it.
 
 Changes never fail a request: new replicas come up and pass the router's own
 health check before they get a share; a replica leaves only after the router
@@ -16,7 +19,7 @@ version is brought up beside the old one before the old one is drained.
 
 from __future__ import annotations
 
-import json
+import shutil
 import socket
 import time
 from dataclasses import dataclass
@@ -26,6 +29,8 @@ import httpx
 
 from crosscloud.core.federation import load_federation
 from crosscloud.core.paths import state_dir
+from crosscloud.ledger import Ledger
+from crosscloud.serving import kubernetes as kube
 from crosscloud.serving.replica import ServeSpec, bring_up, endpoint_of, find, replica_arg, running, stop, take_down
 from crosscloud.serving.router import Endpoint, Router, RouterError
 
@@ -41,7 +46,10 @@ def free_port() -> int:
 
 
 def _health(replica: Replica) -> dict:
-    """The replica's /health body (status, what it served), or ``{"status": "unreachable"}``."""
+    """The replica's /health body (status, what it served), or ``{"status": "unreachable"}``. A Kubernetes cloud's
+    pods are vLLM's, whose /health is empty: their readiness, as the API server counts it, and no meter."""
+    if replica.handle["backend"] == "kubernetes":
+        return {"status": "ready", "served": {}, "pods": f"{replica.handle['ready']}/{replica.handle['pods']}"}
     try:
         return httpx.get(f"{replica.handle['url']}/health", timeout=2).json()
     except (httpx.HTTPError, ValueError):
@@ -66,47 +74,49 @@ class Replica:
 class Fleet:
     """The running deployment of one served model of one tenant (see the module docstring)."""
 
-    def __init__(self, tenant: str, name: str, root: Path | None = None):
+    def __init__(self, tenant: str, name: str, root: Path | None = None, ledger: Ledger | None = None):
+        """``root``: where this host keeps a router it runs (``<state>/serving``); ``ledger``: the deployment's."""
         self.tenant, self.name = tenant, name
         self.folder = (root or state_dir() / "serving") / tenant / name
         self.router_folder = self.folder / "router"
+        self.records = (ledger or Ledger()).fleets
 
-    def _read(self, file: str, default):
-        path = self.folder / file
-        return json.loads(path.read_text()) if path.exists() else default
+    def _read(self, part: str, default):
+        return self.records.get(self.tenant, self.name).get(part, default)
 
-    def _write(self, file: str, value) -> None:
-        self.folder.mkdir(parents=True, exist_ok=True)
-        tmp = self.folder / f".{file}.tmp"
-        tmp.write_text(json.dumps(value, indent=2))
-        tmp.replace(self.folder / file)
+    def _write(self, part: str, value) -> None:
+        self.records.update(self.tenant, self.name, **{part: value})
 
     @property
     def spec(self) -> ServeSpec | None:
-        raw = self._read("fleet.json", {}).get("spec")
+        raw = self._read("spec", None)
         return ServeSpec(**raw) if raw else None
 
     @property
     def decision(self) -> dict | None:
         """The decision in force: what the last placement (or grid request) set, with its inputs."""
-        return self._read("decision.json", None)
+        return self._read("decision", None)
 
     def save_decision(self, record: dict) -> None:
-        self._write("decision.json", record)
+        self._write("decision", record)
 
     def cuts(self, now: float | None = None) -> dict[str, dict]:
         """Grid cuts in force, by cloud: each ``{reduce_pct, within_s, until}``; ended ones are dropped."""
         now = time.time() if now is None else now
-        return {c: cut for c, cut in self._read("cuts.json", {}).items() if cut["until"] > now}
+        return {c: cut for c, cut in self._read("cuts", {}).items() if cut["until"] > now}
 
     def set_cut(self, cloud: str, cut: dict | None) -> None:
         cuts = self.cuts()
         cuts.pop(cloud, None) if cut is None else cuts.__setitem__(cloud, cut)
-        self._write("cuts.json", cuts)
+        self._write("cuts", cuts)
 
     def router(self) -> Router | None:
-        """The fleet's router if its HAProxy runs."""
-        return Router.attach(self.router_folder) if Router.running(self.router_folder) else None
+        """The fleet's router if its HAProxy runs and answers, on this host or another."""
+        info = self._recorded_router()
+        return Router.attach(info, self._save_router) if info and Router.reachable(info) else None
+
+    def _save_router(self, info: dict) -> None:
+        self._write("router", info)
 
     def open_router(self, jurisdictions: frozenset[str] | None, port: int = 0) -> Router:
         """The running router, or a new one bound to the tenant's jurisdictions: on ``port``, else on the port of
@@ -120,7 +130,7 @@ class Fleet:
                                  f"stop it first (crosscloud serve stop) to change the residency rule")
             return router
         port = port or (self._recorded_router() or {}).get("port", 0)
-        router = Router(self.router_folder, port or free_port(), jurisdictions=jurisdictions)
+        router = Router(self.router_folder, port or free_port(), jurisdictions=jurisdictions, on_save=self._save_router)
         router.start()
         self._readmit(router)
         return router
@@ -128,6 +138,10 @@ class Fleet:
     def restore(self) -> Router:
         """The router again after its HAProxy died (a crash, the host restarted): the same port and residency rule,
         every replica still running behind it once HAProxy's own check passes, and the shares in force."""
+        with self.records.changing(self.tenant, self.name):
+            return self._restore()
+
+    def _restore(self) -> Router:
         recorded = self._recorded_router()
         if recorded is None:
             raise FleetError(f"{self.tenant}/{self.name} never had a router here: the inference_placement DAG starts one")
@@ -135,9 +149,8 @@ class Fleet:
         return self.open_router(None if allowed is None else frozenset(allowed))
 
     def _recorded_router(self) -> dict | None:
-        """What the router this fleet last started recorded (port, residency rule), running or not."""
-        path = self.router_folder / "router.json"
-        return json.loads(path.read_text()) if path.exists() else None
+        """What the router this fleet last started recorded (addresses, residency rule), running or not."""
+        return self._read("router", None)
 
     def _readmit(self, router: Router) -> None:
         """Put the running replicas behind a new router, each given its share once healthy, as ``apply`` does."""
@@ -153,17 +166,21 @@ class Fleet:
         router.set_weights({c: s for c, s in decision.get("shares", {}).items() if s > 0})
 
     def replicas(self) -> list[Replica]:
-        """Replicas the fleet started whose processes run."""
+        """Replicas the fleet started whose processes run, and the Kubernetes clouds where its pods are ready."""
         spec, out = self.spec, []
         clouds = {c.name: c for c in load_federation(spec.federation).clouds} if spec else {}
-        for cloud, index in self._read("fleet.json", {}).get("replicas", []):
+        for cloud, index in self._read("replicas", []):
             handle = find(spec, clouds[cloud], index) if cloud in clouds else None
             if handle is not None and running(handle):
                 out.append(Replica(cloud, index, handle))
+        for cloud in self._read("kubernetes", {}):  # a Deployment: one replica at its Service, while a pod is ready
+            handle = kube.replica_handle(spec, clouds[cloud]) if cloud in clouds else None
+            if handle is not None:
+                out.append(Replica(cloud, 0, handle))
         return out
 
     def _remember(self, spec: ServeSpec, replicas: list[tuple[str, int]]) -> None:
-        self._write("fleet.json", {"spec": spec.__dict__, "replicas": sorted(set(map(tuple, replicas)))})
+        self.records.update(self.tenant, self.name, spec=spec.__dict__, replicas=sorted(set(map(tuple, replicas))))
 
     def _forget_dead(self, router: Router, live: list[Replica]) -> None:
         """Servers the router still lists whose process is gone: out of rotation, so no request tries them."""
@@ -173,10 +190,20 @@ class Fleet:
 
     def apply(self, spec: ServeSpec, shares: dict[str, float], replicas: dict[str, int],
               jurisdictions: frozenset[str] | None = None, port: int = 0, ready_timeout_s: float = 120.0) -> dict:
-        """Make the fleet serve ``spec`` with these replicas per cloud and split new requests by ``shares``."""
+        """Make the fleet serve ``spec`` with these replicas per cloud and split new requests by ``shares``; one
+        change at a time, from whichever host."""
+        with self.records.changing(self.tenant, self.name):
+            return self._apply(spec, shares, replicas, jurisdictions, port, ready_timeout_s)
+
+    def _apply(self, spec: ServeSpec, shares: dict[str, float], replicas: dict[str, int],
+               jurisdictions: frozenset[str] | None, port: int, ready_timeout_s: float) -> dict:
         router = self.open_router(jurisdictions, port)
-        live = self.replicas()
-        self._forget_dead(router, live)
+        fed = load_federation(spec.federation)
+        pods = {c: n for c, n in replicas.items() if fed.cloud(c).access.method == "kubernetes"}
+        replicas = {c: n for c, n in replicas.items() if c not in pods}
+        every = self.replicas()
+        self._forget_dead(router, every)
+        live = [r for r in every if r.handle["backend"] != "kubernetes"]
         current = [r for r in live if r.model == spec.model]
         stale = [r for r in live if r.model != spec.model]
         used = {(r.cloud, r.index) for r in live}
@@ -192,6 +219,7 @@ class Fleet:
                     raise FleetError(f"cloud {cloud}: replica {index} of {spec.name} did not come up: {e}") from e
                 current.append(Replica(cloud, index, handle))
                 started.append(f"{cloud}-{index}")
+        started += self._pods_up(router, fed, spec, pods)
         wanted = {c: s for c, s in shares.items() if s > 0}
         router.set_weights(wanted)
         extra = [r for cloud, want in replicas.items()
@@ -199,11 +227,35 @@ class Fleet:
         extra += [r for r in current if r.cloud not in replicas]
         for replica in stale + extra:  # the router stops sending them requests; in-flight ones finish there
             take_down(router, replica.handle, replica.index)
+        stopped = [r.server for r in stale + extra] + self._pods_down(router, fed, spec, pods)
         kept = [r for r in current if r not in extra]
         weights = router.set_weights(wanted)
         self._remember(spec, [(r.cloud, r.index) for r in kept])
-        return {"router": router.url, "started": started, "stopped": [r.server for r in stale + extra],
-                "weights": weights}
+        return {"router": router.url, "started": started, "stopped": stopped, "weights": weights}
+
+    def _pods_up(self, router: Router, fed, spec: ServeSpec, pods: dict[str, int]) -> list[str]:
+        """Each Kubernetes cloud's Deployment applied at its count, every pod ready and its Service behind the
+        router; the clouds that were not serving before, as router servers."""
+        before, started = self._read("kubernetes", {}), []
+        for cloud, count in sorted(pods.items()):
+            if count <= 0:
+                continue
+            self.records.update(self.tenant, self.name, spec=spec.__dict__,
+                                kubernetes={**self._read("kubernetes", {}), cloud: count})
+            try:
+                kube.bring_up(router, fed, spec, fed.cloud(cloud), count)
+            except (RouterError, RuntimeError) as e:
+                raise FleetError(f"cloud {cloud}: the pods serving {spec.name} did not come up: {e}") from e
+            started += [] if cloud in before else [f"{cloud}-0"]
+        return started
+
+    def _pods_down(self, router: Router | None, fed, spec: ServeSpec, pods: dict[str, int]) -> list[str]:
+        """Kubernetes clouds that served and no longer should: out of the router, their objects removed."""
+        gone = [c for c in self._read("kubernetes", {}) if pods.get(c, 0) <= 0]
+        for cloud in gone:
+            kube.take_down(router, spec, fed.cloud(cloud))
+        self._write("kubernetes", {c: n for c, n in pods.items() if n > 0})
+        return [f"{cloud}-0" for cloud in gone]
 
     def served(self) -> dict[str, list[dict]]:
         """Each running replica's own measure of what it served (its /health ``served``), by cloud."""
@@ -224,17 +276,29 @@ class Fleet:
 
     def stop(self) -> list[str]:
         """Stop every replica (each finishes its in-flight requests) and the router."""
-        router = self.router()
-        stopped = []
+        with self.records.changing(self.tenant, self.name):
+            return self._stop()
+
+    def forget(self) -> None:
+        """Stop it and drop its record: it leaves ``crosscloud serve status`` and the page."""
+        self.stop()
+        self.records.delete(self.tenant, self.name)
+        shutil.rmtree(self.folder, ignore_errors=True)
+
+    def _stop(self) -> list[str]:
+        spec, router, stopped = self.spec, self.router(), []
         for r in self.replicas():
+            if r.handle["backend"] == "kubernetes":
+                continue  # below, whether its pods are ready or not
             if router is not None and r.server in router.endpoints:
                 take_down(router, r.handle, r.index)
             else:
                 stop(r.handle, grace_s=10)
             stopped.append(r.server)
+        if spec is not None:
+            stopped += self._pods_down(router, load_federation(spec.federation), spec, {})
         if router is not None:
             router.stop()
-        spec = self.spec
         if spec is not None:
             self._remember(spec, [])
         return stopped

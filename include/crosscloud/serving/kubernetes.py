@@ -23,16 +23,19 @@ import json
 import time
 
 from crosscloud.backends.kubernetes import api_client, namespace
-from crosscloud.core.federation import Cloud, federation_path
+from crosscloud.core.federation import Cloud, Federation, federation_path
+from crosscloud.serving.offers import serving_pool
 from crosscloud.serving.replica import (
     VLLM_PORT,
     ReplicaError,
     ServeSpec,
     deployment_name,
     federation_configmap,
+    refusal,
     serve_labels,
     vllm_deployment,
 )
+from crosscloud.serving.router import Endpoint, Router
 
 POLL_S = 2.0  # how often wait_ready asks the API server
 REQUEST_TIMEOUT_S = 30  # one API call; a cluster that does not answer in this is reported, not waited on
@@ -313,3 +316,51 @@ def remove(spec: ServeSpec, cloud: Cloud) -> None:
           allow=(404,))
     _call(cloud, f"deleting Service {ns}/{name}", core.delete_namespaced_service, name, ns, allow=(404,))
     _call(cloud, f"deleting ConfigMap {ns}/{name}", core.delete_namespaced_config_map, name, ns, allow=(404,))
+
+
+# -- the fleet's view: a cloud's Deployment as one replica behind the router (its Service) -------------------------
+
+def replica_handle(spec: ServeSpec, cloud: Cloud) -> dict | None:
+    """The model's pods on ``cloud`` as the fleet counts them: one replica at the Service's address, with the pods
+    ready now; None when no Deployment serves it there or none of its pods is ready."""
+    try:
+        ready, wanted = readiness(spec, cloud)
+        host, port = endpoint(spec, cloud) if ready else ("", 0)
+    except KubernetesServeError:
+        return None
+    if not ready:
+        return None
+    return {"backend": "kubernetes", "cloud": cloud.name, "url": f"http://{host}:{port}", "pods": wanted,
+            "ready": ready, "args": ["--model", spec.model, "--host", host, "--port", str(port)]}
+
+
+def bring_up(router: Router, fed: Federation, spec: ServeSpec, cloud: Cloud, replicas: int,
+             timeout_s: float = 900.0) -> dict:
+    """Serve ``spec`` on ``cloud`` with ``replicas`` pods: applied (a new version rolls out pod by pod, the Service
+    sending requests only to ready ones), every pod ready, and the Service behind the router at weight 0 until
+    HAProxy's own check passed. The pods use the cloud's serving pool, one device each."""
+    if why := refusal(cloud, spec.family):
+        raise KubernetesServeError(f"cloud {cloud.name}: {why}")
+    pool = serving_pool(cloud)
+    image = fed.image_for(pool.accelerator, spec.family or "") if pool else None
+    if image is None:
+        raise KubernetesServeError(f"cloud {cloud.name}: no image adapted to {spec.family} on "
+                                   f"{pool.accelerator if pool else 'a pool with datasheet figures'} for the warm check: "
+                                   "register one in the federation's images[]")
+    router.admits(Endpoint(cloud.name, 0, "", 0, cloud.jurisdiction))  # before anything is applied for nothing
+    apply(spec, cloud, replicas, pool.accelerator, image)
+    wait_ready(spec, cloud, replicas, timeout_s)
+    host, port = endpoint(spec, cloud)
+    service = Endpoint(cloud.name, 0, host, port, cloud.jurisdiction)
+    if service.server not in router.endpoints:
+        router.add(service)
+        router.wait_healthy(service.server, min(timeout_s, 120.0))
+    return replica_handle(spec, cloud)
+
+
+def take_down(router: Router | None, spec: ServeSpec, cloud: Cloud) -> None:
+    """Stop serving on ``cloud``: out of the router (if it runs) once its in-flight requests finished, then removed."""
+    server = Endpoint(cloud.name, 0, "", 0).server
+    if router is not None and server in router.endpoints:
+        router.remove(server)
+    remove(spec, cloud)

@@ -61,7 +61,7 @@ def rtt_ms(fed: Federation, users_near: str, cloud: str) -> float | None:
     return None if link is None else link.latency_ms
 
 
-def _pool(cloud: Cloud):
+def serving_pool(cloud: Cloud):
     """The cloud's first pool whose accelerator has datasheet figures."""
     return next((p for p in cloud.pools if p.accelerator in ACCELERATOR_SPECS), None)
 
@@ -78,13 +78,17 @@ def measured_rates(rates: TokenRates, step_s: float) -> TokenRates:
 
 
 def cloud_offer(fed: Federation, cloud: Cloud, tenant: str, model: ServedModel, mix: RequestMix, when: float,
-                users_near: str, warm: bool, max_utilisation: float, step_s: float | None = None) -> CloudOffer | str:
-    """The cloud's offer this hour, or why it cannot get traffic (``step_s``: a replica's measured time per token)."""
-    if why := refusal(cloud):
+                users_near: str, warm: bool, max_utilisation: float, step_s: float | None = None,
+                family: str | None = None) -> CloudOffer | str:
+    """The cloud's offer this hour, or why it cannot get traffic (``step_s``: a replica's measured time per token;
+    ``family``: the model's, which decides whether a Kubernetes cloud can serve it)."""
+    if why := refusal(cloud, family):
         return f"refused: {why}"
-    pool = _pool(cloud)
+    pool = serving_pool(cloud)
     if pool is None:
         return f"refused: no pool with datasheet figures ({', '.join(p.accelerator for p in cloud.pools)})"
+    if cloud.access.method == "kubernetes" and not fed.image_for(pool.accelerator, family):
+        return f"refused: no image adapted to {family} on {pool.accelerator} (images[] of the federation) for the warm check"
     devices = min(pool.count, fed.tenant(tenant).quotas.get(cloud.name, 0))
     here = replace(model, batch=LOCAL_BATCH)
     if devices < here.devices_per_replica:
@@ -113,13 +117,13 @@ def cloud_offer(fed: Federation, cloud: Cloud, tenant: str, model: ServedModel, 
 
 def federation_offers(fed: Federation, tenant: str, clouds: list[str], model: ServedModel, mix: RequestMix,
                       when: float, users_near: str, warm: dict[str, bool], max_utilisation: float,
-                      step_s: float | None = None) -> tuple[list[CloudOffer], list[Considered]]:
+                      step_s: float | None = None, family: str | None = None) -> tuple[list[CloudOffer], list[Considered]]:
     """Offers of the named clouds, and a reason for each cloud refused before the traffic plan."""
     offers, refused = [], []
     for name in clouds:
         cloud = fed.cloud(name)
         made = cloud_offer(fed, cloud, tenant, model, mix, when, users_near, warm.get(name, False), max_utilisation,
-                           step_s)
+                           step_s, family)
         if isinstance(made, str):
             refused.append(Considered(name, ", ".join(p.accelerator for p in cloud.pools), False, made))
         else:

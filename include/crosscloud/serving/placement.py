@@ -180,11 +180,11 @@ def local_step_s(fed: Federation, spec: ServeSpec, weights: bytes, mix: RequestM
 
 def plan_hour(fed: Federation, req: ServingRequest, model: ServedModel, warm: dict[str, bool], when: float,
               cuts: dict[str, dict], in_force: dict[str, float] | None = None,
-              step_s: float | None = None) -> tuple[TrafficPlan, list[CloudOffer]]:
+              step_s: float | None = None, family: str | None = None) -> tuple[TrafficPlan, list[CloudOffer]]:
     """This hour's traffic plan: offers of the chosen clouds at ``when``'s prices, the grid cuts in force."""
     offers, refused = federation_offers(fed, req.tenant, req.chosen_clouds(fed), model, req.mix(), when,
                                         req.users_near or fed.local_cloud.name, warm, req.goal().max_utilisation,
-                                        step_s)
+                                        step_s, family)
     if not offers:
         raise ServingPlacementError("no cloud can serve: " + "; ".join(f"{c.cloud}: {c.reason}" for c in refused))
     grid = grid_cuts(cuts, offers)
@@ -210,7 +210,7 @@ def decide_hour(fed: Federation, req: ServingRequest, spec: ServeSpec, version: 
     log(f"a local replica generates a token in {step_s * 1000:.2f} ms (measured here)")
     cuts = fleet.cuts()
     plan, offers = plan_hour(fed, req, model, warm_clouds(fed, spec, req.chosen_clouds(fed)), when, cuts,
-                             step_s=step_s)
+                             step_s=step_s, family=spec.family)
     log(plan.explain())
     record = {**decision_record(req, spec, version, plan, offers, when, cuts), "demand": demand}
     home.put(f"{req.tenant}/serving/{spec.name}/decisions/{name}.json", json.dumps(record, indent=2).encode())

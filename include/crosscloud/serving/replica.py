@@ -37,6 +37,7 @@ VLLM_IMAGE = "vllm/vllm-openai:v0.11.0"
 VLLM_PORT = 8000
 MODEL_MOUNT = "/models"
 SERVED_BY_PROCESS = ("local", "ssh")  # access methods whose replicas crosscloud starts as processes itself
+SERVED_BY_VLLM = ("hf-causal-lm",)  # model families a Kubernetes cloud serves (vLLM's Deployment)
 
 
 class ReplicaError(RuntimeError):
@@ -55,6 +56,7 @@ class ServeSpec:
     tokenizer: str | None = None
     federation: str | None = None
     program_code: str | None = None  # sha256:size of the program's code blob, as a run stored it
+    family: str | None = None  # the program's model family: which clouds can serve it (``refusal``)
 
     @classmethod
     def from_plan(cls, plan: Plan, name: str, model: BlobRef, tokenizer: str | None = None) -> ServeSpec:
@@ -64,7 +66,7 @@ class ServeSpec:
         code = plan.program.code
         return cls(tenant=plan.tenant, name=name, model=model.text, program=plan.program.file,
                    args=plan.spec.program_run_args(), tokenizer=tokenizer, federation=plan.federation_path,
-                   program_code=code.text)
+                   program_code=code.text, family=plan.program.family)
 
     def server_args(self, cloud: str, port: int, host: str = "127.0.0.1") -> list[str]:
         """The server's command-line arguments on ``cloud``."""
@@ -80,12 +82,15 @@ def handle_id(spec: ServeSpec, index: int) -> str:
     return f"serve-{spec.name}-r{index}"
 
 
-def refusal(cloud: Cloud) -> str:
-    """Why crosscloud cannot start a replica on ``cloud`` itself; empty when it can."""
+def refusal(cloud: Cloud, family: str | None = None) -> str:
+    """Why ``cloud`` cannot serve a model of ``family``; empty when it can. Local and ssh clouds serve any family
+    with crosscloud's own server; a Kubernetes cloud serves with vLLM, which loads Hugging Face causal LMs."""
     if cloud.access.method in SERVED_BY_PROCESS:
         return ""
-    return (f"crosscloud starts replicas on local and ssh clouds; on a {cloud.access.method} cloud apply "
-            "serving.replica.vllm_deployment's manifest and add its address to the router (docs/serving.md)")
+    if cloud.access.method == "kubernetes" and family in SERVED_BY_VLLM:
+        return ""
+    return (f"a {cloud.access.method} cloud serves with vLLM, which loads {', '.join(SERVED_BY_VLLM)} models, not "
+            f"{family or 'a model of unknown family'}: serve it on local or ssh clouds")
 
 
 def start(spec: ServeSpec, cloud: Cloud, index: int = 0, port: int | None = None) -> Handle:
@@ -95,8 +100,8 @@ def start(spec: ServeSpec, cloud: Cloud, index: int = 0, port: int | None = None
 
     It is a cpu "device" of the cloud while it runs, as the backends count them.
     """
-    if why := refusal(cloud):
-        raise ReplicaError(f"cloud {cloud.name}: {why}")
+    if cloud.access.method not in SERVED_BY_PROCESS:
+        raise ReplicaError(f"cloud {cloud.name}: its replicas are a Deployment (serving.kubernetes), not processes")
     backend, access = get_backend(cloud.access.method), cloud.access.model_dump()
     host = cloud.access.serve_host or backend.address(cloud.name, access)
     remote = cloud.access.method != "local"
@@ -114,7 +119,7 @@ def start(spec: ServeSpec, cloud: Cloud, index: int = 0, port: int | None = None
 
 def find(spec: ServeSpec, cloud: Cloud, index: int = 0) -> Handle | None:
     """The handle of replica ``index`` on ``cloud``, running or not, or None if none was started."""
-    if refusal(cloud):
+    if cloud.access.method not in SERVED_BY_PROCESS:
         return None
     handle = get_backend(cloud.access.method).find(spec.tenant, handle_id(spec, index), cloud.name,
                                                    cloud.access.model_dump())
@@ -172,7 +177,7 @@ def bring_up(router: Router, spec: ServeSpec, cloud: str, index: int = 0, timeou
     """Start a replica on ``cloud``, wait until it answers, and put it behind the router at weight 0 until
     HAProxy's own check passed: from then on ``router.set_weights`` may give its cloud a share."""
     where = load_federation(spec.federation).cloud(cloud)
-    if why := refusal(where):
+    if why := refusal(where, spec.family):
         raise ReplicaError(f"cloud {cloud}: {why}")
     router.admits(Endpoint(cloud, index, "", 0, where.jurisdiction))  # before a process starts for nothing
     handle = start(spec, where, index, port)

@@ -1,10 +1,12 @@
 """One entry point for clients in front of every cloud's serving replicas: HAProxy, steered at run time.
 
-HAProxy (Debian's ``haproxy``, 2.6 or later) listens on 127.0.0.1 with one
+HAProxy (Debian's ``haproxy``, 2.6 or later) listens on the router address
+(``CROSSCLOUD_ROUTER_ADDRESS``, 127.0.0.1 by default) with one
 backend holding one server per cloud replica, health-checked on ``/health``;
 each request picks a replica by weighted random, so shares follow the weights.
 Nothing is ever reloaded: weights, drains and new replicas go through the
-runtime API (a stats socket at ``level admin``). A weight change only steers
+runtime API (a TCP stats socket at ``level admin`` on the same address, so a
+task on any host of the deployment steers it). A weight change only steers
 the next requests, so an in-flight request always finishes on the replica it
 started on; ``drain`` takes a cloud out of rotation the same way. A replica is
 added with ``add server`` at weight 0 and receives a share only once a health
@@ -17,7 +19,6 @@ them, so its requests cannot reach such a cloud whatever the weights say.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import re
@@ -25,8 +26,8 @@ import shutil
 import signal
 import socket
 import subprocess
-import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -58,10 +59,19 @@ class Endpoint:
         return f"{self.cloud}-{self.index}"
 
 
-def haproxy_config(port: int, admin_socket: Path, check_ms: int = 300) -> str:
-    """The whole configuration: a frontend, an empty backend that replicas join at run time, the admin socket."""
+def router_address() -> str:
+    """Where the router listens, for clients and for the runtime API of tasks on other hosts
+    (``CROSSCLOUD_ROUTER_ADDRESS``; 127.0.0.1: this host only)."""
+    return os.environ.get("CROSSCLOUD_ROUTER_ADDRESS", "127.0.0.1")
+
+
+def haproxy_config(address: str, port: int, admin_port: int, node: str, check_ms: int = 300) -> str:
+    """The whole configuration: a frontend, an empty backend that replicas join at run time, the runtime API."""
     return f"""global
-    stats socket {admin_socket} mode 600 level admin
+    # the runtime API on TCP: the hourly placement or a grid request changes the router from whichever host
+    # runs it; keep this address's port to the deployment's hosts (docs/serving.md#the-fleet-in-shared-state)
+    stats socket ipv4@{address}:{admin_port} level admin
+    node {node}
     # 400 client connections need about 800 descriptors: within the 1024 a non-root haproxy may be held to
     maxconn 400
 
@@ -78,7 +88,7 @@ defaults
     retry-on conn-failure empty-response 503
 
 frontend clients
-    bind 127.0.0.1:{port}
+    bind {address}:{port}
     default_backend {BACKEND}
 
 backend {BACKEND}
@@ -104,13 +114,20 @@ def haproxy_binary() -> str:
     return found
 
 
-def _socket_path(folder: Path) -> Path:
-    """``folder/admin.sock``, or a short path in the temporary folder when that one is longer than HAProxy takes
-    (97 bytes in 2.6: its limit, below the kernel's 107)."""
-    path = folder / "admin.sock"
-    if len(str(path)) <= 97:
-        return path
-    return Path(tempfile.gettempdir()) / f"crosscloud-router-{hashlib.sha256(str(path).encode()).hexdigest()[:16]}.sock"
+def _ask(admin: tuple[str, int], line: str, timeout_s: float = 5.0) -> str:
+    """One command to HAProxy's runtime API at ``admin``; its whole answer."""
+    with socket.create_connection(admin, timeout=timeout_s) as s:
+        s.sendall(line.encode() + b"\n")
+        chunks = []
+        while data := s.recv(65536):
+            chunks.append(data)
+    return b"".join(chunks).decode()
+
+
+def _free_port(address: str) -> int:
+    with socket.socket() as s:
+        s.bind((address, 0))
+        return s.getsockname()[1]
 
 
 def _recorded_haproxy(folder: Path) -> int | None:
@@ -144,10 +161,13 @@ def _up(row: dict[str, str], admitted: bool) -> bool:
 class Router:
     """A real HAProxy process and its runtime API: the only way traffic shares change."""
 
-    def __init__(self, folder: Path, port: int, check_ms: int = 300, jurisdictions: frozenset[str] | None = None):
+    def __init__(self, folder: Path, port: int, check_ms: int = 300, jurisdictions: frozenset[str] | None = None,
+                 address: str | None = None, on_save: Callable[[dict], None] | None = None):
         self.folder, self.port, self.check_ms = Path(folder).resolve(), port, check_ms
         self.jurisdictions = frozenset(jurisdictions) if jurisdictions is not None else None  # None: anywhere
-        self.socket = _socket_path(self.folder)
+        self.address = address or router_address()
+        self.admin_port, self.node, self.pid = 0, "", None
+        self.on_save = on_save  # also told every change of what attaching needs (the fleet's shared record)
         self.log = self.folder / "haproxy.log"
         self.proc: subprocess.Popen | None = None
         self.endpoints: dict[str, Endpoint] = {}
@@ -155,45 +175,67 @@ class Router:
 
     @property
     def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
+        return f"http://{self.address}:{self.port}"
+
+    @staticmethod
+    def reachable(info: dict) -> bool:
+        """Whether the router a record describes answers on its runtime API, and is that router (its node name),
+        not another process that took the port since."""
+        try:
+            answer = _ask((info["address"], info["admin_port"]), "show info", timeout_s=2)
+        except (OSError, KeyError):
+            return False
+        return f"node: {info.get('node')}\n" in answer
 
     @staticmethod
     def running(folder: Path) -> bool:
-        """Whether a router another process started in ``folder`` still runs."""
-        return (Path(folder) / "router.json").exists() and _recorded_haproxy(Path(folder).resolve()) is not None
+        """Whether the router whose record is in ``folder`` (router.json) still answers."""
+        path = Path(folder) / "router.json"
+        return path.exists() and Router.reachable(json.loads(path.read_text()))
 
     @classmethod
-    def attach(cls, folder: Path) -> Router:
-        """The router another process started in ``folder`` (a DAG task, the CLI): its replicas read from HAProxy."""
-        info = json.loads((Path(folder) / "router.json").read_text())
+    def attach(cls, source: Path | dict, on_save: Callable[[dict], None] | None = None) -> Router:
+        """The router another task started, from its record (or the folder holding router.json), on this host or
+        another: its replicas read from HAProxy itself."""
+        info = json.loads((Path(source) / "router.json").read_text()) if isinstance(source, (str, Path)) else source
         allowed = info.get("jurisdictions")
-        router = cls(Path(folder), info["port"], info["check_ms"], None if allowed is None else frozenset(allowed))
+        router = cls(Path(info["folder"]), info["port"], info["check_ms"],
+                     None if allowed is None else frozenset(allowed), info["address"], on_save)
+        router.admin_port, router.node, router.pid = info["admin_port"], info["node"], info.get("pid")
         places = info.get("places", {})
         for name, row in router.servers().items():
             cloud, _, index = name.rpartition("-")
             router.endpoints[name] = Endpoint(cloud, int(index), row["srv_addr"], int(row["srv_port"]), places.get(name, ""))
         return router
 
-    def _save(self) -> None:
-        """What another process needs to attach: the port, the check interval, the jurisdictions, each replica's."""
-        info = {"port": self.port, "check_ms": self.check_ms, "url": self.url,
-                "pid": self.proc.pid if self.proc else json.loads((self.folder / "router.json").read_text())["pid"],
+    def info(self) -> dict:
+        """What another task, on any host, needs to attach: addresses, check interval, jurisdictions, replicas'."""
+        return {"port": self.port, "check_ms": self.check_ms, "url": self.url, "address": self.address,
+                "admin_port": self.admin_port, "node": self.node, "pid": self.pid, "folder": str(self.folder),
                 "jurisdictions": None if self.jurisdictions is None else sorted(self.jurisdictions),
                 "places": {name: ep.jurisdiction for name, ep in self.endpoints.items()}}
-        (self.folder / "router.json").write_text(json.dumps(info))
+
+    def _save(self) -> None:
+        info = self.info()
+        if self.proc is not None or _recorded_haproxy(self.folder) == self.pid:  # this host's router: its folder
+            (self.folder / "router.json").write_text(json.dumps(info))
+        if self.on_save is not None:
+            self.on_save(info)
 
     def start(self, timeout_s: float = 10.0) -> None:
-        """Write the configuration, check it, start haproxy in the foreground and wait for its admin socket."""
+        """Write the configuration, check it, start haproxy in the foreground and wait for its runtime API."""
         binary = haproxy_binary()
         self.folder.mkdir(parents=True, exist_ok=True)
+        self.admin_port, self.node = _free_port(self.address), f"crosscloud-{os.urandom(6).hex()}"
         config = self.folder / "haproxy.cfg"
-        config.write_text(haproxy_config(self.port, self.socket, self.check_ms))
+        config.write_text(haproxy_config(self.address, self.port, self.admin_port, self.node, self.check_ms))
         checked = subprocess.run([binary, "-c", "-q", "-f", str(config)], check=False, capture_output=True, text=True)
         if checked.returncode:
             raise RouterError(f"haproxy refused {config}: {checked.stderr.strip() or checked.stdout.strip()}")
         with open(self.log, "ab") as log:  # its own session: it outlives the task that started it, like a sub-task
             self.proc = subprocess.Popen([binary, "-db", "-f", str(config)], stdout=log, stderr=subprocess.STDOUT,
                                          stdin=subprocess.DEVNULL, start_new_session=True)
+        self.pid = self.proc.pid
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
@@ -205,14 +247,18 @@ class Router:
             except OSError:
                 time.sleep(0.05)
         self.stop()
-        raise RouterError(f"haproxy's admin socket {self.socket} did not answer within {timeout_s:.0f} s")
+        raise RouterError(f"haproxy's runtime API {self.address}:{self.admin_port} did not answer within {timeout_s:.0f} s")
 
     def stop(self, grace_s: float = 30.0) -> None:
         """Stop haproxy softly (SIGUSR1: no new connections, in-flight requests finish), then for good after ``grace_s``.
 
-        An attached router stops the process its starter recorded, if that is still this folder's haproxy.
+        Only on the host that runs it: an attached router stops the process its
+        starter recorded there, if that is still this folder's haproxy.
         """
         pid = self.proc.pid if self.proc else _recorded_haproxy(self.folder)
+        if pid is None and self.reachable(self.info()):
+            raise RouterError(f"the router at {self.url} runs on another host (its folder {self.folder} there): "
+                              "stop it on that host (crosscloud serve stop)")
         for sig, wait in ((signal.SIGUSR1, grace_s), (signal.SIGKILL, 5.0)):
             if pid is None or not _alive(pid, self.proc):
                 return
@@ -222,15 +268,8 @@ class Router:
                 time.sleep(0.05)
 
     def command(self, line: str) -> str:
-        """One runtime API command; its answer as text (the socket closes after each answer)."""
-        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
-            s.settimeout(5)
-            s.connect(str(self.socket))
-            s.sendall(line.encode() + b"\n")
-            chunks = []
-            while data := s.recv(65536):
-                chunks.append(data)
-        return b"".join(chunks).decode()
+        """One runtime API command; its answer as text (the connection closes after each answer)."""
+        return _ask((self.address, self.admin_port), line)
 
     def _expect(self, line: str, bad: tuple[str, ...] = ("No such", "Require", "Unknown", "not ", "failed", "error")) -> str:
         answer = self.command(line).strip()

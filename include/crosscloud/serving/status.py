@@ -10,16 +10,15 @@ from __future__ import annotations
 
 from datetime import datetime, timezone
 
-from crosscloud.core.paths import state_dir
+from crosscloud.ledger import Ledger
 from crosscloud.serving.fleet import Fleet
 from crosscloud.serving.router import Router
 
 
-def fleets(tenants: list[str] | None = None) -> list[Fleet]:
-    """Every served model with a folder in the state folder, of the given tenants (None: all)."""
-    root = state_dir() / "serving"
-    found = sorted(p for p in root.glob("*/*") if (p / "fleet.json").exists()) if root.exists() else []
-    return [Fleet(p.parent.name, p.name) for p in found if tenants is None or p.parent.name in tenants]
+def fleets(tenants: list[str] | None = None, ledger: Ledger | None = None) -> list[Fleet]:
+    """Every served model the deployment's ledger knows, of the given tenants (None: all)."""
+    ledger = ledger or Ledger()
+    return [Fleet(tenant, name, ledger=ledger) for tenant, name in ledger.fleets.names(tenants)]
 
 
 def _replicas_by_cloud(router: Router | None) -> dict[str, tuple[int, int]]:
