@@ -227,3 +227,22 @@ def test_a_kubernetes_cloud_gets_an_offer_only_for_a_model_vllm_loads_with_an_im
     no_image = _offer(access("kubernetes", images=False, namespace="serving"), "singapore", model, family="hf-causal-lm")
     assert isinstance(no_image, str) and "no image adapted to hf-causal-lm" in no_image
 
+
+def test_replicas_for_a_rising_forecast_are_up_in_the_hour_before_and_a_falling_one_keeps_this_hours(data, model):
+    from crosscloud.serving.placement import hour_and_next, plan_hour
+
+    fed = load_federation()
+    data(DE_LU=50.0, US_CAL_CISO=50.0, SG=50.0)
+    req = ServingRequest("team-a", "m", tokens_per_s=200.0)
+    warm = dict.fromkeys(CLOUDS, True)
+    now, _ = plan_hour(fed, req, model, warm, WHEN, {}, step_s=0.002)
+    rising, _ = plan_hour(fed, replace(req, tokens_per_s=2000.0), model, warm, WHEN + 3600, {}, step_s=0.002)
+    assert sum(rising.replicas.values()) > sum(now.replicas.values())  # the case this test is about
+    plan, _, replicas = hour_and_next(fed, req, model, warm, WHEN, {}, step_s=0.002, next_tps=2000.0)
+    assert plan.shares == now.shares  # traffic follows this hour's plan ...
+    assert all(replicas[c] >= max(now.replicas.get(c, 0), rising.replicas.get(c, 0)) for c in replicas)  # ... capacity the next's
+    assert replicas == {c: max(now.replicas.get(c, 0), rising.replicas.get(c, 0)) for c in replicas}
+    _, _, falling = hour_and_next(fed, req, model, warm, WHEN, {}, step_s=0.002, next_tps=20.0)
+    assert falling == now.replicas  # scaled down by the next run, not ahead of a fall
+    _, _, unknown = hour_and_next(fed, req, model, warm, WHEN + 11 * 3600, {}, step_s=0.002, next_tps=2000.0)
+    assert unknown == plan_hour(fed, req, model, warm, WHEN + 11 * 3600, {}, step_s=0.002)[0].replicas  # no prices yet

@@ -124,11 +124,12 @@ FIRST_HOURS_TPS = 200.0  # what a model with no traffic measured yet is sized fo
 def expected_tokens_per_s(demand: Demand, counters: dict[str, int], now: float, start: float,
                           override: float | None) -> tuple[float, dict]:
     """The demand to plan the hour from ``start`` for, and how it was found (kept with the decision): the replicas'
-    counters read at ``now`` into the history first, then the override where given, else the forecast."""
+    counters read at ``now`` into the history first, then the override where given, else the forecast. The record
+    also holds the next hour's forecast, which the replicas are sized ahead for (``placement.hour_and_next``)."""
     demand.observe(counters, now)
-    got = demand.forecast(start)
+    got, ahead = demand.forecast(start), demand.forecast(start + 3600)
     record = {"forecast_tokens_per_s": got.tokens_per_s, "method": got.method, "mape": got.mape, "hours": got.hours,
-              "override": override}
+              "override": override, "next_hour_tokens_per_s": None if override is not None else ahead.tokens_per_s}
     if override is not None:
         record["why"] = f"{override:.1f} tokens/s as the tokens_per_s Param says (measured: {got.describe()})"
         return float(override), record

@@ -193,6 +193,25 @@ def plan_hour(fed: Federation, req: ServingRequest, model: ServedModel, warm: di
     return plan, offers
 
 
+def hour_and_next(fed: Federation, req: ServingRequest, model: ServedModel, warm: dict[str, bool], when: float,
+                  cuts: dict[str, dict], step_s: float | None = None, family: str | None = None,
+                  next_tps: float | None = None) -> tuple[TrafficPlan, list[CloudOffer], dict[str, int]]:
+    """This hour's plan, and the replicas to run through it: this hour's, and where the next hour's forecast
+    (``next_tps``) is higher, as many as the next hour's plan (its prices) wants on each cloud. A replica takes
+    minutes to come up, so it starts in the hour before it is needed; one the forecast no longer needs is taken
+    down by the next run, after draining. Shares stay this hour's."""
+    plan, offers = plan_hour(fed, req, model, warm, when, cuts, step_s=step_s, family=family)
+    replicas = dict(plan.replicas)
+    if next_tps is not None and next_tps > (req.tokens_per_s or 0.0):
+        try:
+            ahead, _ = plan_hour(fed, replace(req, tokens_per_s=next_tps), model, warm, when + 3600, cuts,
+                                 step_s=step_s, family=family)
+        except ServingPlacementError:  # no cloud can serve the next hour yet (its prices not published): this hour's
+            return plan, offers, replicas
+        replicas = {c: max(replicas.get(c, 0), ahead.replicas.get(c, 0)) for c in sorted(set(replicas) | set(ahead.replicas))}
+    return plan, offers, replicas
+
+
 def decide_hour(fed: Federation, req: ServingRequest, spec: ServeSpec, version: dict, when: float, name: str,
                 override: float | None = None, log: Callable[[str], None] = print) -> dict:
     """The hour from ``when``, decided as the hourly run decides it, and kept in the home store as ``name``: the
@@ -209,10 +228,14 @@ def decide_hour(fed: Federation, req: ServingRequest, spec: ServeSpec, version: 
     log(f"demand this hour: {demand['why']}")
     log(f"a local replica generates a token in {step_s * 1000:.2f} ms (measured here)")
     cuts = fleet.cuts()
-    plan, offers = plan_hour(fed, req, model, warm_clouds(fed, spec, req.chosen_clouds(fed)), when, cuts,
-                             step_s=step_s, family=spec.family)
+    plan, offers, replicas = hour_and_next(fed, req, model, warm_clouds(fed, spec, req.chosen_clouds(fed)), when,
+                                           cuts, step_s, spec.family, demand["next_hour_tokens_per_s"])
     log(plan.explain())
-    record = {**decision_record(req, spec, version, plan, offers, when, cuts), "demand": demand}
+    record = {**decision_record(req, spec, version, plan, offers, when, cuts), "demand": demand,
+              "replicas": replicas, "replicas_this_hour": plan.replicas}
+    if replicas != plan.replicas:
+        log(f"replicas {replicas}: up and warm now for the next hour's {demand['next_hour_tokens_per_s']:.1f} tokens/s "
+            f"(this hour needs {plan.replicas})")
     home.put(f"{req.tenant}/serving/{spec.name}/decisions/{name}.json", json.dumps(record, indent=2).encode())
     return record
 
