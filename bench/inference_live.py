@@ -15,7 +15,15 @@ it is already warm and up, and gets no share before hour 1).
 Each policy (price-unaware, crosscloud) replays the same slice: requests at
 ``--live-rps`` (``max_tokens`` ``--live-max-tokens``) from a thread pool, and
 at each hour's start the router's weights are that policy's shares of the
-three live clouds, renormalised. At the grid request's hour those shares are
+three live clouds, renormalised, and each cloud's replicas are that policy's:
+crosscloud's are the replicas its plans ran each hour (sized ahead of a
+rising forecast, as ``inference_placement`` sizes them), scaled so the
+slice's largest count is ``--live-max-replicas`` (this machine's room) and
+at least one; they are added (started, ready, past HAProxy's check, then given
+the hour's share) and removed (out of the router once their requests
+finished, then stopped) in the background while the hour's weights change on
+time. The price-unaware baseline plans no replicas and runs the most
+everywhere (the most capacity: its p99 is not hurt by fewer). At the grid request's hour those shares are
 the shed: the policy solved that hour with the cut as a bound, so the grid
 cloud keeps the traffic whose modelled draw is the asked share below its draw
 without the request, not none. When the request ends, the next hour's shares
@@ -35,6 +43,7 @@ without the request.
 from __future__ import annotations
 
 import asyncio
+import math
 import os
 import sys
 import tempfile
@@ -76,6 +85,8 @@ def add_arguments(p) -> None:
     p.add_argument("--live-seconds-per-hour", type=float, default=5.0)
     p.add_argument("--live-rps", type=float, default=20.0, help="requests per second sent through the router")
     p.add_argument("--live-max-tokens", type=int, default=8)
+    p.add_argument("--live-max-replicas", type=int, default=2,
+                   help="replicas of the busiest live cloud: the plans' replica counts are scaled to this")
     p.add_argument("--no-live-ssh", action="store_true",
                    help="serve every live cloud locally, none through a replica started over SSH")
     p.add_argument("--no-live-distance", action="store_true",
@@ -195,12 +206,22 @@ class DelayLink:
         try:
             while data := await reader.read(65536):
                 chunks.put_nowait((self.loop.time(), data))
+        except ConnectionError:  # the far end went away (a replica stopped, HAProxy closed a check): the path ends
+            pass
         finally:
             chunks.put_nowait(None)
-            await sender
+            await asyncio.gather(sender, return_exceptions=True)
 
     def close(self) -> None:
-        self.loop.call_soon_threadsafe(self.server.close)
+        """Stop listening, end every open path (their tasks finish, none left pending), then the loop."""
+        async def shutdown() -> None:
+            self.server.close()
+            tasks = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+
+        asyncio.run_coroutine_threadsafe(shutdown(), self.loop).result(timeout=10)
         self.loop.call_soon_threadsafe(self.loop.stop)
 
 
@@ -213,35 +234,62 @@ class Live:
     spec: ServeSpec
     stores: dict
     router: Router
-    handles: dict = field(default_factory=dict)
+    handles: dict = field(default_factory=dict)  # (cloud, index) -> the replica's handle
     report: TransferReport = field(default_factory=TransferReport)
     ref: object = None
     weights: dict = field(default_factory=dict)  # the hour's weights: a replica brought up mid-hour gets them
     added_s: float = float("nan")  # seconds from the start of preheating the added cloud until it had its share
     rtt_ms: dict = field(default_factory=dict)  # per cloud, the emulated round trip from the users (none: 0)
-    links: dict = field(default_factory=dict)
+    links: dict = field(default_factory=dict)  # (cloud, index) -> its DelayLink
     started: list = field(default_factory=list)  # the handle of every replica started, local and remote
+    changes: list = field(default_factory=list)  # (policy, "added" | "removed", server), in order
+    policy: str = ""
     no_ssh: str = ""  # why no cloud was reached over SSH, if none was
 
     def preheat(self, cloud: str) -> None:
         fetch(self.stores[cloud], [self.stores[self.names[0]]], TENANT, self.ref, self.report)
 
-    def up(self, cloud: str) -> None:
-        """Preheat, start the replica, and put it behind the router through its cloud's emulated link (if any)."""
-        if cloud in self.handles:
+    def count(self, cloud: str) -> int:
+        return sum(c == cloud for c, _ in self.handles)
+
+    def up(self, cloud: str, index: int = 0) -> None:
+        """Preheat, start replica ``index``, and put it behind the router through its cloud's emulated link (if any)."""
+        if (cloud, index) in self.handles:
             return
         self.preheat(cloud)
         if not self.rtt_ms.get(cloud):
-            self.handles[cloud] = bring_up(self.router, self.spec, cloud)
-            self.started.append(self.handles[cloud])
+            handle = self.handles[(cloud, index)] = bring_up(self.router, self.spec, cloud, index)
+            self.started.append(handle)
             return
-        handle = self.handles[cloud] = start(self.spec, load_federation(self.spec.federation).cloud(cloud))
+        handle = self.handles[(cloud, index)] = start(self.spec, load_federation(self.spec.federation).cloud(cloud), index)
         self.started.append(handle)
         wait_ready(handle, 90)
-        link = self.links[cloud] = DelayLink(replica_arg(handle, "--host"), int(replica_arg(handle, "--port")),
-                                             self.rtt_ms[cloud])
-        self.router.add(Endpoint(cloud, 0, "127.0.0.1", link.port))
-        self.router.wait_healthy(f"{cloud}-0", 90)
+        link = self.links[(cloud, index)] = DelayLink(replica_arg(handle, "--host"), int(replica_arg(handle, "--port")),
+                                                      self.rtt_ms[cloud])
+        self.router.add(Endpoint(cloud, index, "127.0.0.1", link.port))
+        self.router.wait_healthy(f"{cloud}-{index}", 90)
+
+    def down(self, cloud: str, index: int) -> None:
+        """Out of the router once its in-flight requests finished, then stopped: no request fails."""
+        self.router.remove(f"{cloud}-{index}")
+        stop(self.handles.pop((cloud, index)), grace_s=5)
+        if (link := self.links.pop((cloud, index), None)) is not None:
+            link.close()
+
+    def scale(self, target: dict[str, int | None]) -> None:
+        """Each cloud to its target replica count (None: as it is), new ones given the hour's share once healthy."""
+        for cloud, want in target.items():
+            if want is None:
+                continue
+            while self.count(cloud) < want:
+                index = next(i for i in range(want + 1) if (cloud, i) not in self.handles)
+                add_cloud(self, cloud, index) if self.count(cloud) == 0 else self.up(cloud, index)
+                self.router.set_weights(self.weights)
+                self.changes.append((self.policy, "added", f"{cloud}-{index}"))
+            while self.count(cloud) > want:
+                index = max(i for c, i in self.handles if c == cloud)
+                self.down(cloud, index)
+                self.changes.append((self.policy, "removed", f"{cloud}-{index}"))
 
     def stop(self) -> None:
         for handle in self.handles.values():
@@ -249,6 +297,41 @@ class Live:
         self.router.stop(grace_s=5)
         for link in self.links.values():
             link.close()
+
+
+class Scaler:
+    """Applies the latest replica targets in the background, so an hour's weights change on time while replicas
+    start (each takes seconds); a target set while one is being applied is applied after it."""
+
+    def __init__(self, live: Live):
+        self.live, self.target, self.busy = live, None, threading.Lock()
+        self.wake, self.done = threading.Event(), threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+
+    def want(self, target: dict[str, int | None]) -> None:
+        self.target = dict(target)
+        self.wake.set()
+
+    def _run(self) -> None:
+        while not self.done.is_set():
+            self.wake.wait(0.2)
+            if not self.wake.is_set():
+                continue
+            self.wake.clear()
+            with self.busy:
+                self.live.scale(self.target)
+
+    def settle(self, timeout_s: float = 180.0) -> None:
+        """Wait until the latest target is applied."""
+        deadline = time.monotonic() + timeout_s
+        while (self.wake.is_set() or self.busy.locked()) and time.monotonic() < deadline:
+            time.sleep(0.1)
+
+    def close(self) -> None:
+        self.settle()
+        self.done.set()
+        self.thread.join(timeout=10)
 
 
 def set_up(folder: Path, clouds: list, distance: bool = True, access: dict | None = None) -> tuple[Live, str]:
@@ -312,20 +395,35 @@ def live_shares(run, hours: list[int], idx: list[int]) -> np.ndarray:
     return s / np.maximum(s.sum(axis=1, keepdims=True), 1e-12)
 
 
-def add_cloud(live: Live, cloud: str) -> None:
-    """Preheat ``cloud``, bring its replica up, and give it the hour's share."""
+def add_cloud(live: Live, cloud: str, index: int = 0) -> None:
+    """Preheat ``cloud``, bring its first replica up, and give it the hour's share."""
     t = time.monotonic()
-    live.up(cloud)
+    live.up(cloud, index)
     live.router.set_weights(live.weights)
-    live.added_s = time.monotonic() - t
+    if cloud == live.names[2] and np.isnan(live.added_s):
+        live.added_s = time.monotonic() - t
+
+
+def live_replicas(run, hours: list[int], names: list[str], most: int) -> list[dict[str, int]]:
+    """Each slice hour's live replicas per live cloud: the policy's replicas as it placed them (sized ahead for a
+    rising forecast, ``traffic.sized_ahead``), scaled so the slice's largest count is ``most`` (this machine's room),
+    and at least one; a policy that plans no replicas runs ``most`` everywhere (the most capacity: conservative)."""
+    if not run.replicas:
+        return [dict.fromkeys(names, most) for _ in hours]
+    counts = [[run.replicas[h].get(c, 0) for c in names] for h in hours]
+    top = max(max(row) for row in counts) or 1
+    return [{c: max(1, math.ceil(most * n / top)) for c, n in zip(names, row)} for row in counts]
 
 
 def replay_policy(live: Live, load: Load, run, hours: list[int], idx: list[int], grid: tuple[int, int] | None,
-                  seconds: float) -> dict:
-    """One policy over the slice: weights each hour, the third cloud from hour 1; at the grid request's hour the
-    policy's own shares (the cut as a bound) are the shed, and when it ends its shares bring the traffic back."""
+                  seconds: float, scaler: Scaler, most: int) -> dict:
+    """One policy over the slice: weights and replica targets each hour, the third cloud from hour 1; at the grid
+    request's hour the policy's own shares (the cut as a bound) are the shed, and when it ends its shares bring the
+    traffic back."""
     shares, third = live_shares(run, hours, idx), live.names[2]
-    load.policy, out, adder, starts = run.name, {}, None, []
+    targets = live_replicas(run, hours, live.names, most)
+    load.policy = live.policy = run.name
+    out, starts = {"replicas": targets}, []
     for k in range(len(hours)):
         starts.append(time.monotonic())
         weights = dict(zip(live.names, shares[k]))
@@ -333,16 +431,13 @@ def replay_policy(live: Live, load: Load, run, hours: list[int], idx: list[int],
             weights[third] = 0.0
         live.weights = weights
         live.router.set_weights(weights)
-        if k == 1 and third not in live.handles:  # preheated and brought up under load; its share once ready
-            adder = threading.Thread(target=add_cloud, args=(live, third))
-            adder.start()
+        scaler.want({**targets[k], **({third: None} if k == 0 else {})})  # the third: brought up from hour 1
         if grid and k == grid[0]:
             out["grid"] = {"changed_at": starts[k], "hour": k}
         if grid and k == grid[0] + grid[1]:
             out["restore_at"] = starts[k]
         time.sleep(max(0.0, starts[k] + seconds - time.monotonic()))
-    if adder is not None:
-        adder.join(timeout=120)
+    scaler.settle()
     out["end"] = time.monotonic()
     return out
 
@@ -399,19 +494,27 @@ def serve_slice(live: Live, sc, runs: dict, plan, args) -> dict:
     """Both policies over the slice under one steady load; the figures."""
     hours, idx, grid = plan
     live.router.start()
-    for cloud in live.names[:2]:
-        live.up(cloud)
+    first = live_replicas(runs["price-unaware"], hours, live.names, args.live_max_replicas)[0]
+    live.scale({c: first[c] for c in live.names[:2]})  # up before the load starts
     load = Load(live.router.url, args.live_rps, args.live_max_tokens)
     sender = threading.Thread(target=load.run, daemon=True)
     sender.start()
+    scaler = Scaler(live)
     try:
-        events = {name: replay_policy(live, load, runs[name], hours, idx, grid, args.live_seconds_per_hour)
+        events = {name: replay_policy(live, load, runs[name], hours, idx, grid, args.live_seconds_per_hour, scaler,
+                                      args.live_max_replicas)
                   for name in ("price-unaware", "crosscloud")}
     finally:
         load.stop()
         sender.join(timeout=60)
+        scaler.close()
         time.sleep(1.0)
-    return figures(load, events, live.names[0])
+    out = figures(load, events, live.names[0])
+    for name, ev in events.items():
+        out[name]["replicas"] = ev["replicas"]
+        out[name]["added"] = sum(p == name and kind == "added" for p, kind, _ in live.changes)
+        out[name]["removed"] = sum(p == name and kind == "removed" for p, kind, _ in live.changes)
+    return out
 
 
 def live_figures(sc, runs: dict, cut, args) -> dict:
@@ -452,8 +555,11 @@ def live_figures(sc, runs: dict, cut, args) -> dict:
 
 def describe(out: dict, live: Live, source: str, plan) -> str:
     hours, _, grid = plan
-    pol = "; ".join(f"{p} {out[p]['requests']} requests p50 {out[p]['p50_ms']:.0f} ms p99 {out[p]['p99_ms']:.0f} ms"
+    pol = "; ".join(f"{p} {out[p]['requests']} requests p50 {out[p]['p50_ms']:.0f} ms p99 {out[p]['p99_ms']:.0f} ms, "
+                    f"replicas added {out[p]['added']} removed {out[p]['removed']}"
                     for p in ("price-unaware", "crosscloud"))
+    pol += ("; crosscloud's live replicas per hour (its plans' counts, sized ahead, scaled to this machine): "
+            + " | ".join(",".join(str(t[c]) for c in live.names) for t in out["crosscloud"]["replicas"]))
     mine = out["crosscloud"]
     cut = (f"; grid request -{mine['asked_pct']:g}% on {live.names[0]}: share of the live requests planned "
            f"{mine['planned_share']:.3f}, answered {mine['during']:.3f} once the requests in flight finished "

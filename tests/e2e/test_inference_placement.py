@@ -185,7 +185,7 @@ def test_without_the_param_the_hour_is_sized_by_the_traffic_the_replicas_served(
     assert demand["override"] is None and demand["method"] == "last hour measured", demand
     assert measured and fleet.decision["request"]["tokens_per_s"] == pytest.approx(demand["forecast_tokens_per_s"])
     assert demand["forecast_tokens_per_s"] > 0  # the tests' requests, read from the replicas' own counters
-    # the next hour is forecast too (the last hour measured, as for this one), and no cloud runs fewer replicas
-    # than this hour's plan wants: what apply ran is the larger of the two hours' plans
-    assert demand["next_hour_tokens_per_s"] == pytest.approx(demand["forecast_tokens_per_s"])
+    # the next hour is forecast too (from the last hour measured, one more hour on), and no cloud runs fewer
+    # replicas than this hour's plan wants: what apply ran is the larger of the two hours' plans
+    assert demand["next_hour_tokens_per_s"] >= demand["forecast_tokens_per_s"] * (1 - 1e-9)
     assert all(fleet.decision["replicas"][c] >= n for c, n in fleet.decision["replicas_this_hour"].items())

@@ -178,3 +178,20 @@ def test_replay_grid_request_drains_during_its_hours_and_residency_holds_for_eve
     for policy in (price_unaware, nearest, crosscloud):
         out = evaluate(sc, policy(sc))
         assert out.tokens_by_cloud["c"] == 0.0 and out.failed == 0
+
+
+def test_the_replay_runs_the_replicas_of_a_rising_next_hour_ahead_and_follows_a_fall_only_when_it_comes():
+    prices = np.array([[10, 50, 100]] * 8, float)
+    trace = Trace(np.arange(40) * 90.0, np.full(40, 500), np.full(40, 50), ("synthetic",))
+    profile = np.array([0.1, 0.2, 0.4, 0.8, 1.0, 0.5, 0.2, 0.1] + [0.1] * 16)  # a rise to hour 4, then a fall
+    clouds = [ReplayCloud(n, n.upper(), "EU", "nvidia-h100", 64, 1.2, 20.0) for n in ("a", "b", "c")]
+    model = ServedModel()
+    sc = Scenario(build_replay(trace, 0, 8, 200000, profile), clouds, [token_rates(c.accelerator, model) for c in clouds],
+                  model, Goal(0.0, 30.0, None, 0.05), prices, lambda h: prices[h], np.zeros(3),
+                  (trace.context, trace.generated))
+    run = crosscloud(sc)
+    planned = [p.replicas for p in run.plans]
+    assert all(run.replicas[h][c] >= n for h in range(8) for c, n in planned[h].items())
+    for h in (2, 3):  # rising: the next hour's replicas are already running
+        assert run.replicas[h]["a"] > planned[h]["a"] and run.replicas[h]["a"] >= planned[h + 1]["a"], (h, run.replicas)
+    assert run.replicas[6:] == planned[6:]  # falling: no more than the hour's own plan

@@ -31,8 +31,10 @@ def test_the_tokens_between_two_readings_are_spread_over_the_hours_they_cover(de
 
 def test_the_forecast_is_the_same_hour_a_day_before_else_the_last_hour_and_its_rise_with_its_error():
     assert seasonal_naive({}, 100).tokens_per_s is None
-    rising = seasonal_naive({97: 10.0, 98: 30.0}, 100)
-    assert (rising.tokens_per_s, rising.method) == (90.0, "last hour measured")  # 30, risen threefold: sized ahead
+    assert seasonal_naive({97: 10.0, 98: 30.0}, 99).tokens_per_s == 90.0  # 30, risen threefold: sized ahead
+    rising = seasonal_naive({97: 10.0, 98: 30.0}, 100)  # two hours on (the next hour of a run in hour 99): twice
+    assert (rising.tokens_per_s, rising.method) == (270.0, "last hour measured")
+    assert seasonal_naive({90: 10.0, 91: 30.0}, 100).tokens_per_s == 270.0  # never raised more than twice
     assert rising.mape == pytest.approx(20 / 30)  # scored on hour 98 alone, predicted by hour 97
     assert seasonal_naive({97: 30.0, 98: 10.0}, 100).tokens_per_s == 10.0  # a fall is not extrapolated
     day = {h: 10.0 + (h % 24) for h in range(48)}  # the same daily shape twice

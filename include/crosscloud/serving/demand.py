@@ -94,8 +94,9 @@ def _hours(t0: float, t1: float) -> list[tuple[int, float]]:
 
 def _predict(history: dict[int, float], hour: int, before: int) -> tuple[float, str] | None:
     """The rule for ``hour`` from the hours measured before ``before``: the same hour a day before, else the last
-    hour measured, raised by its rise over the hour before it (never lowered: replicas are sized ahead of a rising
-    demand, and a falling one only leaves some idle)."""
+    hour measured, raised by its rise over the hour before it, once per hour ahead of it up to two (the next hour
+    of a run that sizes replicas ahead); never lowered: replicas are sized ahead of a rising demand, and a falling
+    one only leaves some idle."""
     if hour - DAY_H in history:
         return history[hour - DAY_H], "same hour a day before"
     last = max((h for h in history if h < before), default=None)
@@ -103,7 +104,7 @@ def _predict(history: dict[int, float], hour: int, before: int) -> tuple[float, 
         return None
     prior = history.get(last - 1)
     rise = history[last] / prior if prior else 1.0
-    return history[last] * max(1.0, rise), "last hour measured"
+    return history[last] * max(1.0, rise) ** min(max(1, hour - last), 2), "last hour measured"
 
 
 def seasonal_naive(history: dict[int, float], hour: int) -> Forecast:

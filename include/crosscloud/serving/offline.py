@@ -33,8 +33,8 @@ from crosscloud.serving.demand import DAY_H, seasonal_naive
 from crosscloud.serving.energy import ServedModel, TokenRates, electricity_usd, price_per_token
 from crosscloud.serving.replay import Replay, ReplayCloud
 from crosscloud.serving.traffic import (CloudOffer, Goal, GridCut, TrafficPlan, bounds, erlang_c, fill_cheapest,
-                                        place_traffic,
-                                        replicas_for, solve_shares, tail_at, utilisation_cap)
+                                        place_traffic, replicas_for, sized_ahead, solve_shares, tail_at,
+                                        utilisation_cap)
 
 GOLDEN = (math.sqrt(5) - 1) / 2
 
@@ -98,6 +98,7 @@ class PolicyRun:
     shares: np.ndarray  # [hour, cloud], each row sums to the share served (1 unless capacity is short)
     plans: list[TrafficPlan | None] = field(default_factory=list)
     limits: list[dict[str, float]] = field(default_factory=list)  # grid-request limits (tokens/s) per hour
+    replicas: list[dict[str, int]] = field(default_factory=list)  # run through each hour (sized ahead, as placed)
 
 
 def _goal(sc: Scenario, demand: float) -> Goal:
@@ -108,6 +109,12 @@ def expected_demand(demand: np.ndarray, h: int) -> float:
     """Demand of hour ``h`` as the production forecast knows it before the hour (``demand.seasonal_naive`` over the
     hours served before it); the first hour, with nothing served yet, is given as the DAG's Param would give it."""
     got = seasonal_naive({i: float(demand[i]) for i in range(max(0, h - DAY_H), h)}, h).tokens_per_s
+    return float(demand[0]) if got is None else got
+
+
+def expected_next(demand: np.ndarray, h: int) -> float:
+    """Demand of hour ``h + 1`` as the production forecast knows it at hour ``h``'s start (the hours before ``h``)."""
+    got = seasonal_naive({i: float(demand[i]) for i in range(max(0, h - DAY_H), h)}, h + 1).tokens_per_s
     return float(demand[0]) if got is None else got
 
 
@@ -126,7 +133,17 @@ def crosscloud(sc: Scenario) -> PolicyRun:
         run.shares[h] = [plan.shares[c.name] * served for c in sc.clouds]
         run.plans.append(plan)
         run.limits.append({s.cloud: s.limit_tps for s in plan.sheds})
+        run.replicas.append(sized_ahead(plan.replicas, _next_hour_replicas(sc, h, expected)))
     return run
+
+
+def _next_hour_replicas(sc: Scenario, h: int, expected: float) -> dict[str, int] | None:
+    """Where the next hour's forecast rises above this hour's: the replicas its plan (its prices) wants, as
+    ``placement.hour_and_next`` sizes them; else None."""
+    ahead = expected_next(sc.demand, h) if h + 1 < sc.replay.hours else 0.0
+    if ahead <= expected:
+        return None
+    return place_traffic(_goal(sc, ahead), sc.offers(h + 1, sc.seen(h + 1)), sc.cuts_at(h + 1)).replicas
 
 
 def _hour_bounds(sc: Scenario, h: int, limits: dict[str, float] | None = None):

@@ -27,7 +27,7 @@ from crosscloud.serving.energy import ServedModel
 from crosscloud.serving.fleet import Fleet
 from crosscloud.serving.offers import RequestMix, federation_offers, offer_from_dict, offer_to_dict, served_model
 from crosscloud.serving.replica import ServeSpec
-from crosscloud.serving.traffic import CloudOffer, Goal, GridCut, TrafficPlan, place_traffic
+from crosscloud.serving.traffic import CloudOffer, Goal, GridCut, TrafficPlan, place_traffic, sized_ahead
 from crosscloud.store.base import ObjectStore
 from crosscloud.store.chunks import BLOB_TEXT, BlobRef, put_blob, read_blob, warmth
 from crosscloud.store.network import nearest_first
@@ -208,7 +208,7 @@ def hour_and_next(fed: Federation, req: ServingRequest, model: ServedModel, warm
                                  step_s=step_s, family=family)
         except ServingPlacementError:  # no cloud can serve the next hour yet (its prices not published): this hour's
             return plan, offers, replicas
-        replicas = {c: max(replicas.get(c, 0), ahead.replicas.get(c, 0)) for c in sorted(set(replicas) | set(ahead.replicas))}
+        replicas = sized_ahead(replicas, ahead.replicas)
     return plan, offers, replicas
 
 

@@ -168,6 +168,14 @@ def tail_at(offer: CloudOffer, goal_s: float, rho: float) -> float:
     return float(np.mean(np.where(room <= 0, 1.0, c * np.exp(-theta * np.maximum(room, 0)))))
 
 
+def sized_ahead(this_hour: dict[str, int], next_hour: dict[str, int] | None) -> dict[str, int]:
+    """Replicas to run through an hour: on each cloud the larger of this hour's plan and the next hour's, so a
+    rise is met by replicas already up (one takes minutes to load); a fall waits for the next hour's own plan."""
+    if not next_hour:
+        return dict(this_hour)
+    return {c: max(this_hour.get(c, 0), next_hour.get(c, 0)) for c in sorted(set(this_hour) | set(next_hour))}
+
+
 def replicas_for(offer: CloudOffer, tps: float, rho_cap: float) -> int:
     """Replicas that serve ``tps`` at no more than ``rho_cap``; one stays up for warm standby."""
     if offer.replica_tps <= 0:
