@@ -89,8 +89,9 @@ def deployment(tmp_path_factory, postgres, s3_servers, ssh_server):
         redis.stop()
 
 
-def _crosscloud(cluster: CeleryDeployment, host: str, *args: str) -> str:
-    done = subprocess.run([str(sys.executable), "-m", "crosscloud.cli", *args], env=cluster.host_env(host),
+def _crosscloud(cluster: CeleryDeployment, host: str, *args: str, module: str = "crosscloud.cli") -> str:
+    """The command line on ``host``; ``module`` crosscloud_airflow.cli reaches the clouds through the Connections."""
+    done = subprocess.run([str(sys.executable), "-m", module, *args], env=cluster.host_env(host),
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     return done.stdout
@@ -191,25 +192,11 @@ def _champion(cluster: CeleryDeployment) -> None:
     promote(client, SERVED, int(latest(client, SERVED).version))
 
 
-def _stop_serving(ssh_server, ledger: Ledger) -> None:
-    """Stop every replica (over the tests' sshd, as a host holding the key would) and the router."""
-    from crosscloud.backends import ssh
-    from crosscloud.serving.fleet import Fleet
-
-    ssh.set_connector(lambda cloud, access: ssh.SSHTarget("127.0.0.1", ssh_server.user, ssh_server.port,
-                                                          str(ssh_server.key_file), str(ssh_server.known_hosts)).connect())
-    try:
-        Fleet("team-a", SERVED, ledger=ledger).forget()
-    finally:
-        ssh.set_connector(None)
-
-
-def test_two_workers_serve_one_fleet_and_no_request_fails_while_it_changes(deployment, ssh_server):
+def test_two_workers_serve_one_fleet_and_no_request_fails_while_it_changes(deployment):
+    from pricefiles import write_flat_prices
     from servingload import Load, phase
 
     from crosscloud.serving.router import Router
-
-    from pricefiles import write_flat_prices
 
     cluster, _ = deployment
     ledger = Ledger(cluster.shared["CROSSCLOUD_LEDGER_URL"])
@@ -239,7 +226,12 @@ def test_two_workers_serve_one_fleet_and_no_request_fails_while_it_changes(deplo
         assert set(applied_on) <= set(WORKERS), applied_on
         page = httpx.get(f"{cluster.url}/crosscloud/", headers={"Authorization": f"Bearer {cluster.token()}"}, timeout=30)
         assert page.status_code == 200 and SERVED in page.text  # the api-server's host sees the fleet too
-    finally:
-        _stop_serving(ssh_server, ledger)
+        status = json.loads(_crosscloud(cluster, "operator", "serve", "status", "--json", module="crosscloud_airflow.cli"))
+        assert [(r["tenant"], r["model"]) for r in status] == [("team-a", SERVED)], status  # and an operator's host
+    finally:  # from the operator's host: the replicas on the clouds' hosts over SSH, the router on its worker's
+        stopped = _crosscloud(cluster, "operator", "serve", "stop", "--tenant", "team-a", "--model", SERVED,
+                              module="crosscloud_airflow.cli")
         for path in priced:
             path.unlink()
+    assert "beijing-0" in stopped and not Router.reachable(record["router"]), stopped
+    assert ledger.fleets.get("team-a", SERVED)["replicas"] == []
