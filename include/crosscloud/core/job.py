@@ -98,6 +98,26 @@ class OuterConfig:
         return {"lr": self.lr, "momentum": self.momentum}
 
 
+# what each job field's annotation accepts, and how an error says it (a Literal is a str of its choices)
+_KINDS: dict[str, tuple[tuple[type, ...], str]] = {
+    "int": ((int,), "an integer"), "float": ((int, float), "a number"), "bool": ((bool,), "true or false"),
+    "str": ((str,), "a string"), "list[str]": ((list,), "a list of names"), "dict": ((dict,), "a JSON object"),
+}
+_NUMBER_OR_TEXT = {"deadline"}  # hours after submission may come as a number (a command line's 12)
+
+
+def _type_error(name: str, annotation: str, value) -> str | None:
+    """Why ``value`` is not of the field's type, or None: before any comparison, which would raise a TypeError
+    that names no field."""
+    kind = "str" if annotation.startswith("Literal") else annotation
+    if kind not in _KINDS or (name in _NUMBER_OR_TEXT and isinstance(value, (int, float)) and not isinstance(value, bool)):
+        return None
+    allowed, words = _KINDS[kind]
+    wrong = not isinstance(value, allowed) or (isinstance(value, bool) and bool not in allowed)
+    wrong = wrong or (kind == "list[str]" and not all(isinstance(v, str) for v in value))
+    return f"job parameter {name}: must be {words}, got {value!r}" if wrong else None
+
+
 @dataclass(frozen=True)
 class JobSpec:
     tenant: str = "team-a"
@@ -148,6 +168,9 @@ class JobSpec:
     objective: str = "cost"
 
     def __post_init__(self) -> None:
+        for name, f in self.__dataclass_fields__.items():
+            if why := _type_error(name, str(f.type), getattr(self, name)):
+                raise JobSpecError(why)
         checks = [
             (self.rounds > 0, "rounds", f"must be > 0, got {self.rounds}"),
             (self.inner_steps > 0, "inner_steps", f"must be > 0, got {self.inner_steps}"),

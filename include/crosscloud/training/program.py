@@ -53,6 +53,18 @@ def program_source(name: str) -> Path:
     return Path(spec.origin).resolve()
 
 
+def _users_part(exc: BaseException, path: Path) -> str:
+    """What went wrong in the user's program, as Python says it: the frames in the program's own files (not the
+    import machinery's or crosscloud's, which hide the line to fix), then the error; a syntax error with its caret."""
+    frames = [f for f in traceback.extract_tb(exc.__traceback__) if not _machinery(f.filename)]
+    where = "".join(traceback.format_list(frames))
+    return (f"{where}" if where else "") + "".join(traceback.format_exception_only(type(exc), exc))
+
+
+def _machinery(filename: str) -> bool:
+    return filename.startswith("<frozen") or str(Path(__file__).parent.parent) in filename
+
+
 def load_program(path: Path, label: str | None = None) -> ModuleType:
     """Import the program at ``path`` as a module (its functions, not its training loop), checking the contract."""
     label = label or str(path)
@@ -66,7 +78,7 @@ def load_program(path: Path, label: str | None = None) -> ModuleType:
         spec.loader.exec_module(module)
     except BaseException as exc:
         sys.modules.pop(name, None)
-        raise ProgramError(f"program {label} failed to import:\n{traceback.format_exc()}") from exc
+        raise ProgramError(f"program {label} failed to import:\n{_users_part(exc, path)}") from exc
     missing = [f for f in REQUIRED if not callable(getattr(module, f, None))]
     if missing:
         raise ProgramError(f"program {label} defines no {' or '.join(missing)}: a program defines build_model(args) "
