@@ -60,10 +60,10 @@ from crosscloud.artifacts.preheat import TransferReport, fetch
 from crosscloud.core.federation import DEFAULT_FEDERATION, load_federation
 from crosscloud.core.keys import RunKeys
 from crosscloud.core.paths import state_dir
+from crosscloud.core.ports import free_port
 from crosscloud.run.plan import Plan
-from crosscloud.serving.fleet import free_port
 from crosscloud.serving.replica import ServeSpec, bring_up, replica_arg, start, stop, wait_ready
-from crosscloud.serving.router import Endpoint, Router
+from crosscloud.serving.router import Endpoint, Router, router_address
 from crosscloud.serving.server import CLOUD_HEADER
 from crosscloud.serving.traffic import power_w
 from crosscloud.store.chunks import put_blob
@@ -346,7 +346,8 @@ def set_up(folder: Path, clouds: list, distance: bool = True, access: dict | Non
     ref, _ = put_blob(stores[names[0]], TENANT, weights, kind="model")
     spec = ServeSpec(tenant=TENANT, name="bench-live", model=ref.text, program=PROGRAM, args=args,
                      federation=str(fed_path))
-    live = Live(folder, names, spec, stores, Router(folder / "router", free_port(), check_ms=200), ref=ref,
+    router = Router(folder / "router", free_port(router_address()), check_ms=200)
+    live = Live(folder, names, spec, stores, router, ref=ref,
                 rtt_ms={c.name: c.rtt_ms for c in clouds} if distance else {})
     return live, source
 

@@ -309,3 +309,60 @@ def test_a_fleet_record_changes_by_parts_and_one_change_at_a_time(any_ledger):
     with fleets.changing("team-a", "lm", wait_s=5):
         fleets.delete("team-a", "lm")
     assert fleets.names() == [("team-b", "lm")]
+
+
+def test_grid_cuts_set_at_once_from_two_hosts_both_survive(any_ledger, tmp_path, monkeypatch):
+    import threading
+
+    from crosscloud.serving import fleet as fleet_module
+
+    fleets, now = any_ledger.fleets, time.time()
+    fleets.update("team-a", "lm", decision={"shares": {"beijing": 1}}, cuts={"ended": {"until": now - 1}})
+    started, in_force = threading.Barrier(2), fleet_module._in_force
+
+    def slow(cuts, at):  # each change dwells between its read and its write: the other must wait, not read past it
+        time.sleep(0.3)
+        return in_force(cuts, at)
+
+    monkeypatch.setattr(fleet_module, "_in_force", slow)
+
+    def cut(cloud):
+        started.wait(10)
+        fleet_module.Fleet("team-a", "lm", tmp_path, any_ledger).set_cut(cloud, {"reduce_pct": 10, "until": now + 600})
+
+    threads = [threading.Thread(target=cut, args=(c,)) for c in ("beijing", "shanghai")]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(30)
+    record = fleets.get("team-a", "lm")
+    assert sorted(record["cuts"]) == ["beijing", "shanghai"] and record["decision"] == {"shares": {"beijing": 1}}
+    fleet_module.Fleet("team-a", "lm", tmp_path, any_ledger).set_cut("beijing", None)
+    assert list(fleets.get("team-a", "lm")["cuts"]) == ["shanghai"]
+
+
+def test_a_session_lock_is_held_by_one_and_a_blocking_taker_waits_for_it(any_ledger):
+    import threading
+
+    from crosscloud.ledger import engine as backend
+
+    engine, key, got = any_ledger.engine, backend.lock_key("test:held"), []
+
+    def take(wait_s):
+        with backend.session_lock(engine, "test-held", key, wait_s) as taken:
+            got.append(taken)
+
+    with backend.session_lock(engine, "test-held", key) as taken:  # blocking: taken once it returns
+        assert taken is True
+        other = threading.Thread(target=take, args=(0,))  # one try while held: not taken
+        other.start()
+        other.join(10)
+        assert got == [False]
+        waiter = threading.Thread(target=take, args=(None,))
+        waiter.start()
+        time.sleep(0.5)
+        assert got == [False] and waiter.is_alive()  # it waits for the holder
+    waiter.join(10)
+    assert got == [False, True]
+    take(0)
+    assert got == [False, True, True]

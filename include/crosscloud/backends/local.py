@@ -13,7 +13,6 @@ import json
 import os
 import shlex
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -24,6 +23,7 @@ import psutil
 from crosscloud.backends.base import Backend, Handle, SubTaskError, SubTaskSpec
 from crosscloud.core.deployment import require_single_host
 from crosscloud.core.paths import state_dir
+from crosscloud.core.ports import free_port
 
 
 def _subtasks_root() -> Path:
@@ -160,9 +160,7 @@ class LocalBackend(Backend):
         return "127.0.0.1"
 
     def free_port(self, cloud: str, access: dict) -> int:
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            return s.getsockname()[1]
+        return free_port(self.address(cloud, access))
 
     def used_devices(self) -> dict[str, dict[str, int]]:
         used: dict[str, dict[str, int]] = {}

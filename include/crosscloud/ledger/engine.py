@@ -192,8 +192,9 @@ def session_lock(engine: Engine, name: str, key: int, wait_s: float | None = Non
     if is_postgres(engine):
         with engine.connect() as conn:
             conn.execution_options(isolation_level="AUTOCOMMIT")
-            if deadline is None:  # the server queues the waiter: no polling
-                taken = conn.exec_driver_sql(f"SELECT pg_advisory_lock({key})") is not None
+            if deadline is None:  # the server queues the waiter (no polling); it returns void once the lock is held
+                conn.exec_driver_sql(f"SELECT pg_advisory_lock({key})")
+                taken = True
             else:
                 taken = _poll(lambda: bool(conn.exec_driver_sql(f"SELECT pg_try_advisory_lock({key})").scalar()), deadline)
             try:

@@ -3,18 +3,20 @@
 A record is a JSON object of a few named parts (the replicas, the decision
 and grid cuts in force, where the router runs). ``update`` changes some parts
 and keeps the others, in one transaction, so two hosts changing different
-parts never lose each other's write. ``changing`` is held through a whole
-change of the fleet (replicas started and stopped, weights set): the
-hourly placement, a grid request and an operator's command take turns,
-whichever host they run on.
+parts never lose each other's write; ``update_part`` changes one part from
+its value read in that same transaction (one cloud's grid cut among the
+others'). ``changing`` is held through a whole change of the fleet (replicas
+started and stopped, weights set): the hourly placement, a grid request and
+an operator's command take turns, whichever host they run on.
 """
 
 from __future__ import annotations
 
 import json
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from typing import Any
 
 import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql, sqlite
@@ -43,6 +45,15 @@ class FleetRecords:
 
     def update(self, tenant: str, name: str, **parts) -> dict:
         """Set these parts of the record (a part set to None is removed), keep the rest; the record after."""
+        return self._change(tenant, name, lambda record: {**record, **parts})
+
+    def update_part(self, tenant: str, name: str, part: str, change: Callable[[Any], Any]) -> dict:
+        """Set ``part`` to ``change(its value now)``, read and written in one transaction (the row locked), so two
+        hosts changing different entries of one part (grid cuts of two clouds) both keep theirs; the record after."""
+        return self._change(tenant, name, lambda record: {**record, part: change(record.get(part))})
+
+    def _change(self, tenant: str, name: str, change: Callable[[dict], dict]) -> dict:
+        """The record becomes ``change(record)``: read and written in one transaction, nothing between."""
         key, now = (F.c.tenant == tenant, F.c.name == name), time.time()
         postgres = backend.is_postgres(self.engine)
         new = (postgresql if postgres else sqlite).insert(F).values(tenant=tenant, name=name, record="{}", updated_at=now)
@@ -50,7 +61,7 @@ class FleetRecords:
             db.execute(new.on_conflict_do_nothing())
             query = sa.select(F.c.record).where(*key)
             raw = db.execute(query.with_for_update() if postgres else query).scalar()
-            record = {k: v for k, v in {**json.loads(raw), **parts}.items() if v is not None}
+            record = {k: v for k, v in change(json.loads(raw)).items() if v is not None}
             db.execute(sa.update(F).where(*key).values(record=json.dumps(record), updated_at=now))
         return record
 
@@ -70,9 +81,8 @@ class FleetRecords:
     @contextmanager
     def changing(self, tenant: str, name: str, wait_s: float = 600.0) -> Iterator[None]:
         """Held while one task changes the fleet; another waits up to ``wait_s``, then ``FleetBusy``."""
-        lock = f"fleet:{tenant}/{name}"
-        with backend.session_lock(self.engine, f"fleet-{backend.lock_key(lock) & 0xFFFFFFFF:08x}",
-                                  backend.lock_key(lock), wait_s) as taken:
+        key = backend.lock_key(f"fleet:{tenant}/{name}")
+        with backend.session_lock(self.engine, f"fleet-{key & 0xFFFFFFFF:08x}", key, wait_s) as taken:
             if not taken:
                 raise FleetBusy(f"{tenant}/{name}: another task has been changing this fleet for over {wait_s:.0f} s "
                                 "(a placement or a grid request); try again when it has finished")

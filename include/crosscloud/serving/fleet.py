@@ -20,7 +20,6 @@ version is brought up beside the old one before the old one is drained.
 from __future__ import annotations
 
 import shutil
-import socket
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,20 +28,24 @@ import httpx
 
 from crosscloud.core.federation import load_federation
 from crosscloud.core.paths import state_dir
+from crosscloud.core.ports import free_port
 from crosscloud.ledger import Ledger
 from crosscloud.serving import kubernetes as kube
 from crosscloud.serving.replica import ServeSpec, bring_up, endpoint_of, find, replica_arg, running, stop, take_down
-from crosscloud.serving.router import Endpoint, Router, RouterError
+from crosscloud.serving.router import Endpoint, Router, RouterError, router_address
 
 
 class FleetError(RuntimeError):
     """A serving change that cannot be made; the message says which cloud and why."""
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+def _spec(record: dict) -> ServeSpec | None:
+    raw = record.get("spec")
+    return ServeSpec(**raw) if raw else None
+
+
+def _in_force(cuts: dict | None, now: float) -> dict[str, dict]:
+    return {c: cut for c, cut in (cuts or {}).items() if cut["until"] > now}
 
 
 def _health(replica: Replica) -> dict:
@@ -81,38 +84,44 @@ class Fleet:
         self.router_folder = self.folder / "router"
         self.records = (ledger or Ledger()).fleets
 
-    def _read(self, part: str, default):
-        return self.records.get(self.tenant, self.name).get(part, default)
+    def _record(self) -> dict:
+        """The fleet's whole ledger record: read once per operation and handed down, not once per part."""
+        return self.records.get(self.tenant, self.name)
 
     def _write(self, part: str, value) -> None:
         self.records.update(self.tenant, self.name, **{part: value})
 
     @property
     def spec(self) -> ServeSpec | None:
-        raw = self._read("spec", None)
-        return ServeSpec(**raw) if raw else None
+        return _spec(self._record())
 
     @property
     def decision(self) -> dict | None:
         """The decision in force: what the last placement (or grid request) set, with its inputs."""
-        return self._read("decision", None)
+        return self._record().get("decision")
 
     def save_decision(self, record: dict) -> None:
         self._write("decision", record)
 
     def cuts(self, now: float | None = None) -> dict[str, dict]:
         """Grid cuts in force, by cloud: each ``{reduce_pct, within_s, until}``; ended ones are dropped."""
-        now = time.time() if now is None else now
-        return {c: cut for c, cut in self._read("cuts", {}).items() if cut["until"] > now}
+        return _in_force(self._record().get("cuts"), time.time() if now is None else now)
 
     def set_cut(self, cloud: str, cut: dict | None) -> None:
-        cuts = self.cuts()
-        cuts.pop(cloud, None) if cut is None else cuts.__setitem__(cloud, cut)
-        self._write("cuts", cuts)
+        """Set (None: end) one cloud's cut; ended ones are dropped. One ledger transaction from read to write, so a
+        host setting another cloud's cut at the same time keeps it."""
+        now = time.time()
 
-    def router(self) -> Router | None:
+        def change(cuts: dict | None) -> dict:
+            kept = _in_force(cuts, now)
+            kept.pop(cloud, None) if cut is None else kept.__setitem__(cloud, cut)
+            return kept
+
+        self.records.update_part(self.tenant, self.name, "cuts", change)
+
+    def router(self, record: dict | None = None) -> Router | None:
         """The fleet's router if its HAProxy runs and answers, on this host or another."""
-        info = self._recorded_router()
+        info = (self._record() if record is None else record).get("router")
         return Router.attach(info, self._save_router) if info and Router.reachable(info) else None
 
     def _save_router(self, info: dict) -> None:
@@ -122,17 +131,21 @@ class Fleet:
         """The running router, or a new one bound to the tenant's jurisdictions: on ``port``, else on the port of
         the router this fleet had (its clients keep their URL), else a free one. A new router takes back every
         replica still running and the shares in force (``restore``)."""
-        router = self.router()
+        return self._open_router(jurisdictions, port, self._record())
+
+    def _open_router(self, jurisdictions: frozenset[str] | None, port: int, record: dict) -> Router:
+        router = self.router(record)
         if router is not None:
             if router.jurisdictions != jurisdictions:
                 raise FleetError(f"the router of {self.tenant}/{self.name} serves requests that may go to "
                                  f"{sorted(router.jurisdictions or ['anywhere'])}, not {sorted(jurisdictions or ['anywhere'])}: "
                                  f"stop it first (crosscloud serve stop) to change the residency rule")
             return router
-        port = port or (self._recorded_router() or {}).get("port", 0)
-        router = Router(self.router_folder, port or free_port(), jurisdictions=jurisdictions, on_save=self._save_router)
+        port, address = port or (record.get("router") or {}).get("port", 0), router_address()
+        router = Router(self.router_folder, port or free_port(address), jurisdictions=jurisdictions, address=address,
+                        on_save=self._save_router)
         router.start()
-        self._readmit(router)
+        self._readmit(router, record)  # router.start wrote only the router part: the rest is as read
         return router
 
     def restore(self) -> Router:
@@ -142,19 +155,16 @@ class Fleet:
             return self._restore()
 
     def _restore(self) -> Router:
-        recorded = self._recorded_router()
+        record = self._record()
+        recorded = record.get("router")  # what the router last started recorded, running or not
         if recorded is None:
             raise FleetError(f"{self.tenant}/{self.name} never had a router here: the inference_placement DAG starts one")
         allowed = recorded.get("jurisdictions")
-        return self.open_router(None if allowed is None else frozenset(allowed))
+        return self._open_router(None if allowed is None else frozenset(allowed), 0, record)
 
-    def _recorded_router(self) -> dict | None:
-        """What the router this fleet last started recorded (addresses, residency rule), running or not."""
-        return self._read("router", None)
-
-    def _readmit(self, router: Router) -> None:
+    def _readmit(self, router: Router, record: dict) -> None:
         """Put the running replicas behind a new router, each given its share once healthy, as ``apply`` does."""
-        live, spec = self.replicas(), self.spec
+        live, spec = self.replicas(record), _spec(record)
         if not live:
             return
         fed = load_federation(spec.federation)
@@ -162,18 +172,19 @@ class Fleet:
             router.add(endpoint_of(r.handle, r.index, fed.cloud(r.cloud).jurisdiction))
         for r in live:
             router.wait_healthy(r.server)
-        decision = self.decision or {}
+        decision = record.get("decision") or {}
         router.set_weights({c: s for c, s in decision.get("shares", {}).items() if s > 0})
 
-    def replicas(self) -> list[Replica]:
+    def replicas(self, record: dict | None = None) -> list[Replica]:
         """Replicas the fleet started whose processes run, and the Kubernetes clouds where its pods are ready."""
-        spec, out = self.spec, []
+        record = self._record() if record is None else record
+        spec, out = _spec(record), []
         clouds = {c.name: c for c in load_federation(spec.federation).clouds} if spec else {}
-        for cloud, index in self._read("replicas", []):
+        for cloud, index in record.get("replicas", []):
             handle = find(spec, clouds[cloud], index) if cloud in clouds else None
             if handle is not None and running(handle):
                 out.append(Replica(cloud, index, handle))
-        for cloud in self._read("kubernetes", {}):  # a Deployment: one replica at its Service, while a pod is ready
+        for cloud in record.get("kubernetes", {}):  # a Deployment: one replica at its Service, while a pod is ready
             handle = kube.replica_handle(spec, clouds[cloud]) if cloud in clouds else None
             if handle is not None:
                 out.append(Replica(cloud, 0, handle))
@@ -197,11 +208,12 @@ class Fleet:
 
     def _apply(self, spec: ServeSpec, shares: dict[str, float], replicas: dict[str, int],
                jurisdictions: frozenset[str] | None, port: int, ready_timeout_s: float) -> dict:
-        router = self.open_router(jurisdictions, port)
+        record = self._record()  # read once; this change is the only writer of its parts meanwhile (``changing``)
+        router = self._open_router(jurisdictions, port, record)
         fed = load_federation(spec.federation)
         pods = {c: n for c, n in replicas.items() if fed.cloud(c).access.method == "kubernetes"}
         replicas = {c: n for c, n in replicas.items() if c not in pods}
-        every = self.replicas()
+        every = self.replicas(record)
         self._forget_dead(router, every)
         live = [r for r in every if r.handle["backend"] != "kubernetes"]
         current = [r for r in live if r.model == spec.model]
@@ -219,7 +231,7 @@ class Fleet:
                     raise FleetError(f"cloud {cloud}: replica {index} of {spec.name} did not come up: {e}") from e
                 current.append(Replica(cloud, index, handle))
                 started.append(f"{cloud}-{index}")
-        started += self._pods_up(router, fed, spec, pods)
+        started += self._pods_up(router, fed, spec, pods, record)
         wanted = {c: s for c, s in shares.items() if s > 0}
         router.set_weights(wanted)
         extra = [r for cloud, want in replicas.items()
@@ -227,21 +239,22 @@ class Fleet:
         extra += [r for r in current if r.cloud not in replicas]
         for replica in stale + extra:  # the router stops sending them requests; in-flight ones finish there
             take_down(router, replica.handle, replica.index)
-        stopped = [r.server for r in stale + extra] + self._pods_down(router, fed, spec, pods)
+        stopped = [r.server for r in stale + extra] + self._pods_down(router, fed, spec, pods, record)
         kept = [r for r in current if r not in extra]
         weights = router.set_weights(wanted)
         self._remember(spec, [(r.cloud, r.index) for r in kept])
         return {"router": router.url, "started": started, "stopped": stopped, "weights": weights}
 
-    def _pods_up(self, router: Router, fed, spec: ServeSpec, pods: dict[str, int]) -> list[str]:
+    def _pods_up(self, router: Router, fed, spec: ServeSpec, pods: dict[str, int], record: dict) -> list[str]:
         """Each Kubernetes cloud's Deployment applied at its count, every pod ready and its Service behind the
         router; the clouds that were not serving before, as router servers."""
-        before, started = self._read("kubernetes", {}), []
+        before, started = record.get("kubernetes", {}), []
+        serving = dict(before)
         for cloud, count in sorted(pods.items()):
             if count <= 0:
                 continue
-            self.records.update(self.tenant, self.name, spec=spec.__dict__,
-                                kubernetes={**self._read("kubernetes", {}), cloud: count})
+            serving[cloud] = count
+            self.records.update(self.tenant, self.name, spec=spec.__dict__, kubernetes=dict(serving))
             try:
                 kube.bring_up(router, fed, spec, fed.cloud(cloud), count)
             except (RouterError, RuntimeError) as e:
@@ -249,9 +262,10 @@ class Fleet:
             started += [] if cloud in before else [f"{cloud}-0"]
         return started
 
-    def _pods_down(self, router: Router | None, fed, spec: ServeSpec, pods: dict[str, int]) -> list[str]:
-        """Kubernetes clouds that served and no longer should: out of the router, their objects removed."""
-        gone = [c for c in self._read("kubernetes", {}) if pods.get(c, 0) <= 0]
+    def _pods_down(self, router: Router | None, fed, spec: ServeSpec, pods: dict[str, int], record: dict) -> list[str]:
+        """Kubernetes clouds that served and no longer should: out of the router, their objects removed. ``record``
+        as the change began will do: ``_pods_up`` since added only clouds in ``pods``, which stay."""
+        gone = [c for c in record.get("kubernetes", {}) if pods.get(c, 0) <= 0]
         for cloud in gone:
             kube.take_down(router, spec, fed.cloud(cloud))
         self._write("kubernetes", {c: n for c, n in pods.items() if n > 0})
@@ -286,8 +300,9 @@ class Fleet:
         shutil.rmtree(self.folder, ignore_errors=True)
 
     def _stop(self) -> list[str]:
-        spec, router, stopped = self.spec, self.router(), []
-        for r in self.replicas():
+        record = self._record()
+        spec, router, stopped = _spec(record), self.router(record), []
+        for r in self.replicas(record):
             if r.handle["backend"] == "kubernetes":
                 continue  # below, whether its pods are ready or not
             if router is not None and r.server in router.endpoints:
@@ -296,7 +311,7 @@ class Fleet:
                 stop(r.handle, grace_s=10)
             stopped.append(r.server)
         if spec is not None:
-            stopped += self._pods_down(router, load_federation(spec.federation), spec, {})
+            stopped += self._pods_down(router, load_federation(spec.federation), spec, {}, record)
         if router is not None:
             router.stop()
         if spec is not None:

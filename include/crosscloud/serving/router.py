@@ -33,6 +33,8 @@ from pathlib import Path
 
 import psutil
 
+from crosscloud.core.ports import free_port
+
 BACKEND = "serving"
 WEIGHT_MAX = 256  # HAProxy's largest server weight
 CHECK_PASSED = ("3", "4")  # srv_check_result: CHK_RES_PASSED, CHK_RES_CONDPASS
@@ -122,12 +124,6 @@ def _ask(admin: tuple[str, int], line: str, timeout_s: float = 5.0) -> str:
         while data := s.recv(65536):
             chunks.append(data)
     return b"".join(chunks).decode()
-
-
-def _free_port(address: str) -> int:
-    with socket.socket() as s:
-        s.bind((address, 0))
-        return s.getsockname()[1]
 
 
 def _recorded_haproxy(folder: Path) -> int | None:
@@ -226,7 +222,7 @@ class Router:
         """Write the configuration, check it, start haproxy in the foreground and wait for its runtime API."""
         binary = haproxy_binary()
         self.folder.mkdir(parents=True, exist_ok=True)
-        self.admin_port, self.node = _free_port(self.address), f"crosscloud-{os.urandom(6).hex()}"
+        self.admin_port, self.node = free_port(self.address), f"crosscloud-{os.urandom(6).hex()}"
         config = self.folder / "haproxy.cfg"
         config.write_text(haproxy_config(self.address, self.port, self.admin_port, self.node, self.check_ms))
         checked = subprocess.run([binary, "-c", "-q", "-f", str(config)], check=False, capture_output=True, text=True)
