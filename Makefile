@@ -5,7 +5,7 @@ STAMP := $(VENV)/.installed-stamp
 ENV := source scripts/env.sh &&
 SHELL := /bin/bash
 
-.PHONY: install demo test bench-gap bench-scheduling bench-preheat bench-electricity bench-demand-response bench-faults bench-sdk bench-exchange bench-admission bench-inference bench-queue bench-control-plane airflow-ui mlflow-ui clean
+.PHONY: install demo test bench-gap bench-scheduling bench-preheat bench-electricity bench-demand-response bench-faults bench-sdk bench-exchange bench-admission bench-inference bench-queue bench-control-plane bench-soak airflow-ui mlflow-ui clean
 
 $(STAMP): requirements.txt requirements-dev.txt constraints.txt pyproject.toml
 	python3 -m venv $(VENV)
@@ -19,8 +19,11 @@ install: $(STAMP)
 demo: install
 	PROGRAM="$(PROGRAM)" bash scripts/demo.sh
 
+# two processes, a test file each at a time (module fixtures start servers once); TEST_WORKERS=0: one process
+TEST_WORKERS ?= 2
+
 test: install
-	$(ENV) $(VENV)/bin/pytest $(ARGS)
+	$(ENV) $(VENV)/bin/pytest -n $(TEST_WORKERS) --dist loadfile $(ARGS)
 
 bench-gap: install
 	$(ENV) $(PY) bench/gap.py $(ARGS)
@@ -54,6 +57,9 @@ bench-inference: install
 
 bench-queue: install
 	$(ENV) $(PY) bench/queue_scale.py $(ARGS)
+
+bench-soak: install
+	$(ENV) $(PY) bench/soak.py $(ARGS)
 
 bench-control-plane: install
 	$(ENV) $(PY) bench/control_plane.py $(ARGS)

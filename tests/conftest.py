@@ -120,6 +120,12 @@ def state_dir() -> Path:
     return _STATE
 
 
+def pytest_collection_modifyitems(config, items) -> None:
+    """The whole-deployment modules first: with ``make test``'s two processes one of them takes these long files
+    while the other takes the rest, instead of both idling at the end while one file runs for minutes."""
+    items.sort(key=lambda item: item.get_closest_marker("multihost") is None)  # stable: the rest keep their order
+
+
 def pytest_sessionfinish(session, exitstatus) -> None:
     """Remove the session's state folder (runs' stores, databases: hundreds of MB) when every test passed;
     a failed session keeps it to look into."""

@@ -72,7 +72,7 @@ def test_runs_beyond_capacity_start_in_the_order_they_were_submitted():
 
     job = {**TINY, "clouds": ["beijing"], "placement": "auto", "devices": 4}  # each needs the whole of beijing
     _hold_beijing("order-blocker")
-    ids = [f"order-{i}" for i in range(5)]
+    ids = [f"order-{i}" for i in range(3)]
     procs = []
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     try:
@@ -83,15 +83,15 @@ def test_runs_beyond_capacity_start_in_the_order_they_were_submitted():
             while Ledger().queue.get("team-a", run_id) is None and time.time() < deadline:
                 time.sleep(0.2)
         positions = [s.position for s in Queue(load_federation(), Ledger()).listing("team-a") if s.row.run_id in ids]
-        assert positions == [1, 2, 3, 4, 5]
+        assert positions == [1, 2, 3]
         Ledger().release("team-a", "order-blocker")
         outputs = [p.communicate(timeout=600)[0] for p in procs]
-        assert [p.returncode for p in procs] == [0] * 5, outputs
+        assert [p.returncode for p in procs] == [0] * 3, outputs
     finally:
         for p in procs:
             p.kill()
     rows = [Ledger().queue.get("team-a", run_id) for run_id in ids]
-    assert [r.state for r in rows] == ["done"] * 5
+    assert [r.state for r in rows] == ["done"] * 3
     started = [r.started_at for r in rows]
     assert started == sorted(started)  # the order of the queue: none overtook another
     assert all("queued at position" in out for out in outputs[1:])  # each said where it waited
