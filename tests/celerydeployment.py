@@ -17,6 +17,7 @@ import secrets
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 from airflowstandalone import AirflowAPI, unavailable
@@ -57,6 +58,9 @@ class CeleryDeployment(AirflowAPI):
             **env,
         }
         self.procs: dict[str, subprocess.Popen] = {}
+        self.workers: set[str] = set()
+        self._control = {"api-server": ["api-server", "--port", str(self.port), "--workers", "1"],
+                         **{part: [part] for part in ("scheduler", "dag-processor", "triggerer")}}
 
     def host_env(self, host: str) -> dict[str, str]:
         """The environment of a process on ``host``: its own Airflow home and state folder, the shared settings."""
@@ -84,12 +88,12 @@ class CeleryDeployment(AirflowAPI):
         done = subprocess.run([AIRFLOW, "db", "migrate"], env=self.host_env("control"), capture_output=True, text=True)
         if done.returncode:
             unavailable(f"airflow db migrate on PostgreSQL failed: {done.stderr[-1500:]}")
-        self._spawn("api-server", "control", ["api-server", "--port", str(self.port), "--workers", "1"])
-        for part in ("scheduler", "dag-processor", "triggerer"):
-            self._spawn(part, "control", [part])
+        for name, args in self._control.items():
+            self._spawn(name, "control", args)
         self.serving(timeout_s, lambda: ", ".join(n for n, p in self.procs.items() if p.poll() is not None) or None)
 
     def start_worker(self, host: str) -> None:
+        self.workers.add(host)
         self._spawn(host, host, ["celery", "worker", "--concurrency", "2", "--celery-hostname", f"{host}@%h",
                                  "--without-gossip", "--without-mingle"])
 
@@ -97,6 +101,16 @@ class CeleryDeployment(AirflowAPI):
         """The host dies: its worker and every process it started, at once."""
         os.killpg(self.procs[name].pid, signal.SIGKILL)
         self.procs[name].wait()
+
+    def restart(self, name: str, down_s: float = 0.0) -> None:
+        """A control-plane process (``scheduler``, ``triggerer``, ``dag-processor``, ``api-server``) or a worker
+        killed at once, and started again after ``down_s``, as a host's supervisor would."""
+        self.kill(name)
+        time.sleep(down_s)
+        if name in self.workers:
+            self.start_worker(name)
+        else:
+            self._spawn(name, "control", self._control[name])
 
     def stop(self) -> None:
         for proc in self.procs.values():

@@ -28,12 +28,13 @@ class _Gate:
     """A TCP forwarder in front of a server: while closed it refuses every connection.
 
     Faults for the tests: ``cut`` drops the connections already open (clients
-    keep pooled ones), and ``flips`` damages that many responses in transit by
-    flipping one bit of the body of the next ranged (206) responses.
+    keep pooled ones), ``flips`` damages that many responses in transit by
+    flipping one bit of the body of the next ranged (206) responses, and while
+    ``busy`` every request is answered 503 Slow Down, as a throttling store does.
     """
 
     def __init__(self, port: int, target: int):
-        self.target, self.open = target, True
+        self.target, self.open, self.busy = target, True, False
         self.flips, self.flipped, self.refused = 0, 0, 0
         self.live: set[socket.socket] = set()
         self.sock = socket.create_server(("127.0.0.1", port))
@@ -49,6 +50,9 @@ class _Gate:
                 self.refused += 1
                 client.close()
                 continue
+            if self.busy:
+                threading.Thread(target=self._slow_down, args=(client,), daemon=True).start()
+                continue
             try:
                 upstream = socket.create_connection(("127.0.0.1", self.target))
             except OSError:
@@ -57,6 +61,22 @@ class _Gate:
             self.live |= {client, upstream}
             threading.Thread(target=self._pipe, args=(client, upstream), daemon=True).start()
             threading.Thread(target=self._pipe, args=(upstream, client, True), daemon=True).start()
+
+    def _slow_down(self, client: socket.socket) -> None:
+        """Answer each request on this connection 503 (S3's SlowDown) until the client closes it."""
+        body = b"<Error><Code>SlowDown</Code><Message>Please reduce your request rate.</Message></Error>"
+        answer = (b"HTTP/1.1 503 Slow Down\r\nContent-Type: application/xml\r\nRetry-After: 1\r\n"
+                  b"Content-Length: %d\r\nConnection: close\r\n\r\n" % len(body)) + body
+        try:
+            client.settimeout(30)
+            data = b""
+            while b"\r\n\r\n" not in data and (chunk := client.recv(1 << 16)):
+                data += chunk
+            client.sendall(answer)
+        except OSError:
+            pass
+        finally:
+            client.close()
 
     def _pipe(self, src: socket.socket, dst: socket.socket, downstream: bool = False) -> None:
         state = "idle"
@@ -178,6 +198,13 @@ class S3Server:
         self._gate.cut()
         time.sleep(down_s)
         self._gate.open = True
+
+    def slow_down(self, busy_s: float) -> None:
+        """Every request answered 503 Slow Down for ``busy_s`` (open connections dropped first); restartable only."""
+        self._gate.busy = True
+        self._gate.cut()
+        time.sleep(busy_s)
+        self._gate.busy = False
 
     def flip_in_transit(self, responses: int = 1) -> None:
         """Damage the body of the next ``responses`` ranged reads on their way to the client (one bit each)."""

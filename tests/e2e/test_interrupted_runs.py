@@ -68,6 +68,7 @@ def test_an_interrupted_runner_stops_its_subtasks_and_gives_its_devices_back(sig
     assert any(e.run_id == run_id for e in Ledger().events(run_id=run_id))
 
 
+@pytest.mark.soak  # the lease that sub-tasks obey
 def test_a_killed_runner_gives_its_devices_back_once_its_lease_lapses_and_its_subtasks_stop():
     run_id, lease_s, grace_s = "killed-runner", 6.0, 2.0
     proc = _start_runner(run_id, env={"CROSSCLOUD_LEASE_S": str(lease_s), "CROSSCLOUD_LEASE_GRACE_S": str(grace_s)})

@@ -255,6 +255,7 @@ def test_a_run_that_gave_its_devices_back_renews_nothing_and_warns_of_no_lapse(a
 
 
 @pytest.mark.multihost
+@pytest.mark.soak  # durable before they return
 def test_releases_and_renewals_survive_a_server_crash_the_moment_they_return():
     from pgserver import PostgresServer
 
