@@ -19,11 +19,12 @@ install: $(STAMP)
 demo: install
 	PROGRAM="$(PROGRAM)" bash scripts/demo.sh
 
-# two processes, a test file each at a time (module fixtures start servers once); TEST_WORKERS=0: one process
+# two processes, a test file each at a time (module fixtures start servers once), in the order tests/conftest.py
+# puts them (the whole-deployment files first, not the largest); TEST_WORKERS=0: one process
 TEST_WORKERS ?= 2
 
 test: install
-	$(ENV) $(VENV)/bin/pytest -n $(TEST_WORKERS) --dist loadfile $(ARGS)
+	$(ENV) $(VENV)/bin/pytest -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder $(ARGS)
 
 bench-gap: install
 	$(ENV) $(PY) bench/gap.py $(ARGS)

@@ -27,6 +27,7 @@ from crosscloud.run.plan import Plan
 from crosscloud.scheduler import prices as scheduler_prices
 from crosscloud.scheduler import service
 from crosscloud.store.open_store import open_store
+from crosscloud.training import watcher
 
 pytestmark = [pytest.mark.e2e, pytest.mark.queue, pytest.mark.slow]
 
@@ -79,8 +80,8 @@ def test_a_deferrable_run_pauses_at_a_price_spike_and_resumes_after_it_losing_no
 
     clock = MovedClock(T0 + timedelta(minutes=1))
     monkeypatch.setattr(service, "wall_clock", clock)
-    # rounds of about half a second: the run trains for about a minute, long enough for the pass after the clock
-    # moved (passes run every 30 s of the scheduler's clock while nothing else changes)
+    # 120 rounds of 0.05 to 0.5 s (the machine's load): long enough for the watch's next look after the clock moved
+    monkeypatch.setattr(watcher, "QUEUE_LOOK_S", 1.0)
     spec = JobSpec(tenant=TENANT, clouds=["beijing"], rounds=ROUNDS, inner_steps=30, model_size="tiny", global_batch=8,
                    seed=7, eval_every_steps=30 * ROUNDS, deferrable=True, deadline="12")
     lines, out = [], {}
@@ -131,12 +132,14 @@ def test_a_dag_run_pauses_deferred_at_a_price_spike_and_resumes_after_it(spiky_p
     clock = MovedClock(T0 + timedelta(hours=24, minutes=1))
     monkeypatch.setattr(service, "wall_clock", clock)
     monkeypatch.setenv("CROSSCLOUD_QUEUE_POLL_S", "1")
+    monkeypatch.setattr(watcher, "QUEUE_LOOK_S", 1.0)  # its watch asks each second: rounds take 0.05 to 0.5 s here
     ledger, seen, stop = Ledger(), {}, threading.Event()
     begun = clock()
 
     def move_the_clock() -> None:  # into the spike once the run reported its rounds; past it once it paused
         while not stop.wait(0.3):
-            rows = [r for r in ledger.queue.rows(("running", "paused"), TENANT) if r.submitted_at >= begun]
+            rows = [r for r in ledger.queue.rows(("running", "paused"), TENANT)  # the run, not its baseline calibration
+                    if r.submitted_at >= begun and not r.run_id.endswith(".baseline")]
             if not rows:
                 continue
             row = rows[0]
