@@ -105,10 +105,18 @@ class AirflowAPI:
 
 
 class AirflowStandalone(AirflowAPI):
-    def __init__(self, root: Path, users: dict[str, str] | None = None, teams: tuple[str, ...] = ()):
+    def __init__(self, root: Path, users: dict[str, str] | None = None, teams: tuple[str, ...] = (),
+                 tenant_bundles: bool = False):
         """``users``: name -> what follows the name in ``simple_auth_manager_users`` ("viewer:team-a");
-        ``admin`` (an Admin) is always one of them."""
+        ``admin`` (an Admin) is always one of them. ``tenant_bundles``: each team its tenant's DAG bundle
+        (``crosscloud-airflow tenant-bundles``) and its own triggerer, as a multi-team deployment runs them."""
         self.root = root
+        self.bundles = None
+        if tenant_bundles:
+            from crosscloud_airflow.bundles import write_tenant_bundles
+
+            self.bundles = write_tenant_bundles(list(teams), root / "bundles", Path(os.environ["AIRFLOW__CORE__DAGS_FOLDER"]))
+        self.triggerers: list[subprocess.Popen] = []
         self.users = {"admin": "admin", **(users or {})}
         self.teams = teams
         self.port = free_port()
@@ -140,6 +148,10 @@ class AirflowStandalone(AirflowAPI):
         })
         if self.teams:
             env["AIRFLOW__CORE__MULTI_TEAM"] = "True"
+        if self.bundles:
+            env.update({"AIRFLOW__DAG_PROCESSOR__DAG_BUNDLE_CONFIG_LIST": json.dumps(self.bundles),
+                        "AIRFLOW__CORE__TEAM_NAME_CACHE_TTL": "0",  # a DAG's team as soon as it is parsed
+                        "AIRFLOW__CORE__DAGS_ARE_PAUSED_AT_CREATION": "False"})
         return env
 
     def _create_teams(self, airflow: str) -> None:
@@ -160,8 +172,17 @@ class AirflowStandalone(AirflowAPI):
             self.proc = subprocess.Popen([airflow, "standalone"], env=self.env(), stdout=log, stderr=subprocess.STDOUT,
                                          start_new_session=True)
         self.serving(timeout_s, lambda: "airflow standalone" if self.proc.poll() is not None else None)
+        if self.bundles:  # standalone's triggerer runs the triggers of no team only
+            for team in self.teams:
+                with open(self.root / f"triggerer-{team}.log", "wb") as log:
+                    self.triggerers.append(subprocess.Popen([airflow, "triggerer", "--team-name", team], env=self.env(),
+                                                            stdout=log, stderr=subprocess.STDOUT, start_new_session=True))
 
     def stop(self) -> None:
+        for proc in self.triggerers:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
         if self.proc and self.proc.poll() is None:
             os.killpg(self.proc.pid, signal.SIGTERM)
             try:

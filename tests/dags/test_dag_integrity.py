@@ -103,3 +103,37 @@ def test_no_task_imports_torch_or_the_program():
     the team's program in the task's process; admit has a child process describe the program's model."""
     out = subprocess.run([sys.executable, "-c", TASKS], capture_output=True, text=True, check=True, env=os.environ.copy())
     assert out.stdout.strip().splitlines()[-1] == "[]"
+
+
+def test_each_tenant_bundle_defines_its_own_dag_and_multi_team_mode_no_shared_one(tmp_path, airflow_db):
+    """Multi-team mode: every tenant of the federation its bundle, each a DAG whose tenant is fixed; the DAGs folder's
+    file defines no DAG of no team, which every user could read."""
+    from crosscloud_airflow.bundles import write_tenant_bundles
+
+    dags = Path(__file__).resolve().parents[2] / "dags"
+    bundles = write_tenant_bundles(["team-a", "team-b"], tmp_path / "bundles", dags)
+    assert [(b["name"], b.get("team_name")) for b in bundles] == [
+        ("dags-folder", None), ("crosscloud-team-a", "team-a"), ("crosscloud-team-b", "team-b")]
+    with pytest.raises(ValueError, match="inside the DAGs folder"):
+        write_tenant_bundles(["team-a"], dags / "tenants", dags)
+    for bundle in bundles[1:]:
+        out = subprocess.run([sys.executable, "-c", PARSE, bundle["kwargs"]["path"]], capture_output=True, text=True,
+                             check=True, env=os.environ.copy())
+        result = json.loads(out.stdout.strip().splitlines()[-1])
+        assert result["errors"] == {} and result["heavy"] == []
+        assert result["dags"] == [f"cross_cloud_training__{bundle['team_name']}"]
+    shared = subprocess.run([sys.executable, "-c", PARSE, str(dags / "cross_cloud_training.py")], capture_output=True,
+                            text=True, check=True, env={**os.environ, "AIRFLOW__CORE__MULTI_TEAM": "True"})
+    assert json.loads(shared.stdout.strip().splitlines()[-1])["dags"] == []
+
+
+def test_a_tenant_dag_accepts_only_its_tenant():
+    from airflow.sdk.definitions.param import ParamValidationError
+
+    from crosscloud_airflow.training_dag import training_dag
+
+    dag = training_dag("team-b")
+    assert dag.dag_id == "cross_cloud_training__team-b" and "team-b" in dag.tags
+    assert dag.params["tenant"] == "team-b"
+    with pytest.raises(ParamValidationError):  # a run of team-b's DAG for team-a
+        dag.params["tenant"] = "team-a"
