@@ -147,7 +147,6 @@ class Faults:
         }
         self._busy: set[str] = set()  # one fault at a time on one target (a store down twice at once is one outage)
         self._lock = threading.Lock()
-        self.injected = 0
 
     def inject(self, kind: str, at: float, seed: int) -> threading.Thread:
         """``kind`` injected in its own thread at ``at`` (epoch s), its draws from ``seed``; recorded once over."""
@@ -160,14 +159,14 @@ class Faults:
             except Exception as exc:  # noqa: BLE001 - an injection that failed is reported, the soak goes on
                 print(f"  fault {kind}: the injection failed: {exc!r}", flush=True)
                 return
-            if target:
-                self.injected += 1
+            if target:  # "": nothing to hit then (no sub-task running, the target already under a fault)
                 self.history.append(FaultInjected(time.time(), kind, target, start, time.time()))
                 print(f"  fault {kind} on {target} ({time.time() - start:.0f} s)", flush=True)
 
         thread = threading.Thread(target=run, daemon=True)
         thread.start()
         return thread
+
     def _hold(self, target: str) -> bool:
         with self._lock:
             if target in self._busy:

@@ -52,7 +52,8 @@ def dispatch_stage(ref: RunRef, cloud: str) -> Handle:
     fed, plan = ref.load()
     check_warm(fed, plan, cloud)
     access = fed.cloud(cloud).access
-    env = {k: v for c in plan.clouds for k, v in credentials_env(fed.cloud(c.name), plan.tenant).items()}  # it reads its peers' deltas
+    # it reads its peers' deltas, and the round records in the home store
+    env = {k: v for name in plan.store_clouds for k, v in credentials_env(fed.cloud(name), plan.tenant).items()}
     spec = subtask_spec(plan, cloud, env=env, access=access.model_dump())
     if Ledger().renew(plan.tenant, plan.run_id):  # the sub-task starts under a live lease, and knows when it ends
         heartbeat.write([open_store(fed.cloud(cloud), plan.tenant)], plan.keys, time.time() + lease_seconds())
@@ -82,7 +83,7 @@ def watcher(ref: RunRef, handles: list[Handle], log: Callable[[str], None] = pri
     ``since``: when the watch last saw progress, carried over from an earlier watcher of the same run.
     """
     fed, plan = ref.load()
-    stores = {c.name: store_seen_from(fed, c.name, plan.coordinator_cloud, plan.tenant) for c in plan.clouds}
+    stores = {name: store_seen_from(fed, name, plan.coordinator_cloud, plan.tenant) for name in plan.store_clouds}
     ledger = Ledger()
     return Watcher(plan, stores, handles, log=log, restart=lambda cloud: dispatch_stage(ref, cloud), ledger=ledger,
                    since=since, queue=Queue(fed, ledger))

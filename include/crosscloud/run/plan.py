@@ -126,17 +126,30 @@ class Plan(_Model):
         raise KeyError(f"cloud {name!r} is not in the plan of run {self.run_id}; planned: {[c.name for c in self.clouds]}")
 
     @property
+    def store_clouds(self) -> list[str]:
+        """The clouds whose stores the run uses: every cloud of the plan, and the home (coordinator) cloud, whose
+        store holds the run's records (plan, round members, history) even when it trains no part (drained or full
+        when the run was placed)."""
+        names = [c.name for c in self.clouds]
+        return names if self.coordinator_cloud in names else names + [self.coordinator_cloud]
+
+    @property
     def builder(self) -> str:
         """The cloud whose sub-task builds global 0 when the run starts from no given weights: the home
         (coordinator) cloud when it trains, else the first cloud of the plan."""
         names = [c.name for c in self.clouds]
         return self.coordinator_cloud if self.coordinator_cloud in names else names[0]
 
+    def evaluates(self, cloud: str) -> bool:
+        """Whether ``cloud``'s sub-task may evaluate globals: the home cloud when it trains; when it trains no part,
+        any cloud of the plan (the builder evaluates global 0, each round's first member the round's global)."""
+        return cloud == self.coordinator_cloud or self.coordinator_cloud not in {c.name for c in self.clouds}
+
     def needs(self, cloud: str) -> list[BlobRef]:
-        """What the sub-task on ``cloud`` reads before its first step: its shards, the given initial model and the
-        program."""
+        """What the sub-task on ``cloud`` reads: its shards, the given initial model, the program, and the held-out
+        data where it may evaluate."""
         return ([self.shards[i] for i in self.cloud(cloud).shards] + ([self.init] if self.init else [])
-                + ([self.program.code] if self.program else []))
+                + ([self.program.code] if self.program else []) + (list(self.held_out) if self.evaluates(cloud) else []))
 
     def save(self, store: ObjectStore) -> None:
         store.put(self.keys.plan, self.model_dump_json(indent=2).encode())

@@ -70,8 +70,8 @@ def _beside(fn, *args) -> Future:
 def exchange_for(run: Run) -> CloudExchange:
     """Rank 0's exchange: every run cloud's store as this cloud reaches it, and its spool folder."""
     fed = load_federation(os.environ.get("CROSSCLOUD_FEDERATION") or run.plan.federation_path)
-    stores = {c.name: run.store if c.name == run.cloud else store_seen_from(fed, c.name, run.cloud, run.tenant)
-              for c in run.plan.clouds}
+    stores = {name: run.store if name == run.cloud else store_seen_from(fed, name, run.cloud, run.tenant)
+              for name in run.plan.store_clouds}
     return CloudExchange(run.plan, run.cloud, stores, spool_folder(run.plan, run.cloud), run.device)
 
 
@@ -149,7 +149,7 @@ class DiLoCo:
         params = global_params(self.run.store, commit)
         load_params(self.model, params)
         self.known = DelayedGlobal(params, {}, mix=self.spec.fold_mix if self.plan.overlap else 0.0)
-        if self.run.cloud == self.plan.coordinator_cloud:
+        if self.run.cloud == self.plan.builder:  # the home cloud, or the first cloud when the home trains no part
             self._evaluate_global(0)
         self.ready = {"wait_s": time.perf_counter() - t0, "download_s": 0.0}
         self._cpu = time.process_time()

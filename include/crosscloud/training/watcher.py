@@ -48,7 +48,8 @@ class SubTaskLost(RuntimeError):
 
 
 class Watcher:
-    """The watch over one run; ``stores`` are the run clouds' stores as the watcher's host reaches them."""
+    """The watch over one run; ``stores`` are the run's stores (``Plan.store_clouds``) as the watcher's host reaches
+    them."""
 
     def __init__(self, plan: Plan, stores: dict[str, ObjectStore], handles: list[Handle], log: Callable[[str], None] = print,
                  restart: Restart | None = None, ledger: Ledger | None = None, since: float | None = None,
@@ -161,7 +162,7 @@ class Watcher:
     def _silent(self) -> str:
         """What a stalled run's error adds when the program never called the SDK on some clouds."""
         keys = self.plan.keys
-        silent = sorted(c for c, s in self.stores.items() if not s.exists(keys.sdk_started(c)))
+        silent = sorted(c.name for c in self.plan.clouds if not self.stores[c.name].exists(keys.sdk_started(c.name)))
         if not silent:
             return ""
         name = self.plan.program.name if self.plan.program else "the program"
