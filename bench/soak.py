@@ -249,11 +249,11 @@ class Faults:
         return name
 
     def ledger_restart(self, rng: random.Random) -> str:
-        """The ledger's PostgreSQL crashes (immediate stop: unflushed WAL lost) and starts again."""
+        """The ledger's PostgreSQL crashes (immediate stop: unflushed WAL lost) and starts again 0 to 5 s later."""
         if not self._hold("ledger"):
             return ""
         try:
-            self.dep.ledger_pg.crash()
+            self.dep.ledger_pg.crash(down_s=rng.uniform(0.0, 5.0))
         finally:
             self._release("ledger")
         return "ledger"

@@ -16,6 +16,7 @@ import pwd
 import shutil
 import subprocess
 import tempfile
+import time
 from pathlib import Path
 
 from s3servers import free_port
@@ -85,10 +86,11 @@ class PostgresServer:
         self._run(str(self._bin / "pg_ctl"), "-D", str(self.folder / "data"), "-l", str(self.folder / "server.log"),
                   "-o", options, "-w", "-t", "60", "start")
 
-    def crash(self) -> None:
+    def crash(self, down_s: float = 0.0) -> None:
         """Stop at once, as a crash of the server's processes would: what was not written from its WAL buffers is
-        lost; then start it again on the same data and port."""
+        lost; then, ``down_s`` later, start it again on the same data and port."""
         self._run(str(self._bin / "pg_ctl"), "-D", str(self.folder / "data"), "-m", "immediate", "-w", "stop")
+        time.sleep(down_s)
         self._start_server()
 
     def stop(self) -> None:

@@ -276,6 +276,27 @@ def test_releases_and_renewals_survive_a_server_crash_the_moment_they_return():
         assert all(r.lease_expires_at >= renewed_at + 3000 for r in active.values())  # and the renewals
 
 
+@pytest.mark.multihost
+@pytest.mark.soak
+def test_a_ledger_call_during_a_server_restart_waits_for_the_server_instead_of_failing():
+    import threading
+
+    from pgserver import PostgresServer
+
+    with PostgresServer() as server:
+        url_ = server.create_database("restart")
+        _take(Ledger(url_), "before", 1, lease_s=60)
+        restart = threading.Thread(target=server.crash, kwargs={"down_s": 3.0})
+        restart.start()
+        time.sleep(1.0)  # down: connections refused, then "the database system is starting up"
+        asked = time.monotonic()
+        active = Ledger(url_ + "?application_name=during-restart").active()  # a new engine, a new connection
+        waited = time.monotonic() - asked
+        restart.join()
+        assert [r.run_id for r in active] == ["before"]
+        assert waited > 0.5  # it did wait for the server, and then answered
+
+
 def test_a_fleet_record_changes_by_parts_and_one_change_at_a_time(any_ledger):
     import threading
 

@@ -40,6 +40,10 @@ MIGRATE_LOCK = LEDGER_LOCK + 1
 PASS_LOCK = LEDGER_LOCK + 2  # one scheduling pass at a time (crosscloud.scheduler)
 SQLITE_TIMEOUT_S = 60
 PING_AFTER_IDLE_S = 10.0  # a pooled server connection idle this long is pinged before use
+# a server restarting (a crash, a failover) refuses connections, then answers "starting up", for seconds: a new
+# connection waits this long for it ($CROSSCLOUD_LEDGER_CONNECT_PATIENCE_S) before the error reaches the caller
+CONNECT_PATIENCE_S = 20.0
+_RESTARTING = ("starting up", "shutting down", "in recovery mode", "Connection refused", "server closed the connection")
 _WRITE = "crosscloud_write"  # execution option: this transaction writes (SQLite: BEGIN IMMEDIATE)
 
 _engines: dict[str, Engine] = {}
@@ -69,6 +73,10 @@ def _server_engine(url: URL) -> Engine:
     admission a round trip per connection it takes (SQLAlchemy's ``pool_pre_ping`` pings every time)."""
     engine = sa.create_engine(url)
 
+    @sa.event.listens_for(engine, "do_connect")
+    def _connect_patiently(dialect, _record, cargs, cparams):
+        return connect_patiently(lambda: dialect.dbapi.connect(*cargs, **cparams), dialect.dbapi.OperationalError)
+
     @sa.event.listens_for(engine, "checkin")
     def _idle_from(_dbapi_connection, record) -> None:
         record.info["idle_since"] = time.monotonic()
@@ -83,6 +91,23 @@ def _server_engine(url: URL) -> Engine:
             raise sa.exc.DisconnectionError(f"the ledger's database did not answer a ping: {exc}") from exc
 
     return engine
+
+
+def connect_patiently(connect, transient: type[Exception], patience_s: float | None = None):
+    """``connect()``, again with backoff while the server is restarting (a transient error naming it), for up to
+    ``patience_s``; any other error, or one past the patience, at once. The soak found tasks failing all their tries
+    on "the database system is starting up" while the ledger's PostgreSQL restarted."""
+    patience = float(os.environ.get("CROSSCLOUD_LEDGER_CONNECT_PATIENCE_S") or CONNECT_PATIENCE_S) \
+        if patience_s is None else patience_s
+    deadline, delay = time.monotonic() + patience, 0.2
+    while True:
+        try:
+            return connect()
+        except transient as exc:
+            if not any(sign in str(exc) for sign in _RESTARTING) or time.monotonic() + delay > deadline:
+                raise
+            time.sleep(delay)
+            delay = min(2 * delay, 2.0)
 
 
 def engine_for(url: URL) -> Engine:
