@@ -297,11 +297,13 @@ class Workload:
     def reason(self, run_id: str) -> str:
         """Why a run failed, as Airflow says: its failed tasks and their tries."""
         try:
-            failed = [f"{t['task_id']} (try {t['try_number']})" for t in self.dep.cluster.task_instances(DAG_ID, run_id)
-                      if t["state"] in ("failed", "upstream_failed")]
+            tasks = self.dep.cluster.task_instances(DAG_ID, run_id)
         except Exception as exc:  # noqa: BLE001 - the API answers again on the next poll
             return f"failed (its tasks could not be read: {exc!r})"
-        return "failed tasks: " + ", ".join(failed) if failed else "the run failed without a failed task"
+        failed = [f"{t['task_id']} (try {t['try_number']})" for t in tasks if t["state"] == "failed"]
+        after = sum(t["state"] == "upstream_failed" for t in tasks)
+        return (f"failed: {', '.join(failed)}; {after} task(s) not run after it" if failed
+                else "the run failed without a failed task")
 
     def poll(self) -> None:
         """Record every live run that ended since the last poll."""
