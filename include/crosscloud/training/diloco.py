@@ -14,6 +14,7 @@ committed empty without the loop's help.
 
 from __future__ import annotations
 
+import concurrent.futures
 import json
 import math
 import os
@@ -371,12 +372,25 @@ class DiLoCo:
             done = bool(flag.item())
         return done
 
+    def _exchanged(self) -> RoundResult:
+        """The exchange in flight's result. One rank alone reads the lease while it waits: a round whose peers
+        stopped for a lapsed lease never completes, and this cloud must stop within the grace too, not at the
+        round's timeout (the soak's CI run found it training on for minutes)."""
+        if self.run.world_size > 1:  # every rank reads the lease together, at round boundaries only
+            return self.inflight.result()
+        while True:
+            try:
+                return self.inflight.result(timeout=LEASE_READ_S)
+            except concurrent.futures.TimeoutError:
+                if why := self._lease_lapsed():
+                    self._stop_lapsed(self.round, why)
+
     def _fold_in(self) -> None:
         """Wait for the exchange in flight and fold its global in, tensor by tensor: model and round base move by the correction.
 
         Rank 0 reads the new global from its file; the other ranks of the cloud receive each tensor from it.
         """
-        result: RoundResult | None = self.inflight.result() if self.inflight is not None else None
+        result: RoundResult | None = self._exchanged() if self.inflight is not None else None
         meta = ({"next_shares": result.members.next_shares, "caps": result.members.caps, "pause": result.members.pause}
                 if result else {})
         if self.run.world_size > 1:
