@@ -17,11 +17,7 @@ from pathlib import Path
 
 import pytest
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from crosscloud.core.ports import free_port  # the tests' servers (here, pgserver, redisserver...) take their ports from it
 
 
 class _Gate:
